@@ -1,0 +1,63 @@
+"""llm-latency: where the time of every LLM API call went, phase by phase, in OpenTelemetry.
+
+Call :func:`instrument` once at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+
+from llm_latency.instrumentor import LLMLatencyInstrumentor
+from llm_latency.setup import configure_providers
+from llm_latency.version import __version__
+
+__all__ = ["LLMLatencyInstrumentor", "__version__", "instrument", "uninstrument"]
+
+
+def instrument(
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+    clients: Iterable[str] | None = None,
+    capture_response_headers: Iterable[str] = (),
+    phase_spans: bool = True,
+    configure: bool = True,
+) -> None:
+    """Trace every HTTP attempt of the installed clients, phase by phase, and record metrics.
+
+    Args:
+        tracer_provider: where spans go; default the global provider.
+        meter_provider: where metrics go; default the global provider.
+        clients: names among ``aiohttp`` (more in later releases); default every one installed.
+            An unknown or missing client raises ``ValueError``.
+        capture_response_headers: response headers to record as ``http.response.header.*``
+            besides the default allow-list. Credential and cookie headers are refused.
+        phase_spans: emit one child span per phase (``http.dns``, ``http.wait``, ...). With
+            False, only the request span and the metrics are emitted.
+        configure: when no SDK provider is set globally (and none is passed), set up trace and
+            metric providers that export OTLP as the ``OTEL_*`` environment variables say.
+
+    Calling it again while instrumented does nothing.
+    """
+    instrumentor = LLMLatencyInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        return
+    if configure and (tracer_provider is None or meter_provider is None):
+        configure_providers()
+    instrumentor.instrument(
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        clients=None if clients is None else list(clients),
+        capture_response_headers=tuple(capture_response_headers),
+        phase_spans=phase_spans,
+    )
+
+
+def uninstrument() -> None:
+    """Restore every patched object. In-flight attempts still end and are emitted."""
+    instrumentor = LLMLatencyInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.uninstrument()

@@ -1,0 +1,1 @@
+"""One adapter per client library: each records a Timeline per attempt, nothing else."""

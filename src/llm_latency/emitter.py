@@ -1,0 +1,269 @@
+"""Turns finished Timelines into spans and metrics: the one place that knows OTel names."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableMapping
+from typing import Any
+
+from opentelemetry import propagate
+from opentelemetry.context import Context
+from opentelemetry.metrics import Meter
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+
+from llm_latency import headers as hdr
+from llm_latency import semconv as sc
+from llm_latency.timeline import PHASE_NAMES, RECEIVE, WAIT, Timeline
+from llm_latency.urls import redact, route_template
+
+_logger = logging.getLogger(__name__)
+
+_INTERNAL = SpanKind.INTERNAL
+_CLIENT = SpanKind.CLIENT
+
+
+def error_type(error: BaseException) -> str:
+    """``error.type`` for an exception: its class name, as the contrib instrumentations use."""
+    return type(error).__qualname__
+
+
+class Emitter:
+    """Starts request spans and, when an attempt ends, emits its phases, attributes and metrics."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        meter: Meter,
+        *,
+        capture_headers: tuple[str, ...],
+        phase_spans: bool = True,
+    ) -> None:
+        self._tracer = tracer
+        self.phase_spans = phase_spans
+        self._wanted = frozenset(capture_headers)
+        self._header_attrs = {name: hdr.attribute_name(name) for name in capture_headers}
+        self._failure_logged = False
+        self._request_duration = meter.create_histogram(
+            sc.HTTP_CLIENT_REQUEST_DURATION,
+            unit="s",
+            description="Duration of HTTP client requests, to the end of the body or stream.",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+        )
+        self._phase_duration = meter.create_histogram(
+            sc.PHASE_DURATION,
+            unit="s",
+            description="Time an HTTP attempt spent in each phase.",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+        )
+        self._time_to_first_chunk = meter.create_histogram(
+            sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+            unit="s",
+            description="Time from the start of a streamed request to its first body chunk.",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+        )
+        self.retries = meter.create_counter(
+            sc.RETRIES, unit="{retry}", description="Attempts that were retried."
+        )
+        self._rate_limited = meter.create_counter(
+            sc.RATE_LIMITED, unit="{response}", description="Responses with status 429."
+        )
+        self._connections = meter.create_counter(
+            sc.CONNECTIONS,
+            unit="{attempt}",
+            description="Attempts, by whether they ran on a pooled (reused) connection.",
+        )
+        self._ratelimit_remaining = meter.create_gauge(
+            sc.RATELIMIT_REMAINING,
+            unit="{unit}",
+            description="Requests or tokens left in the current rate-limit window.",
+        )
+        self._phase_attrs: dict[tuple[int, str], dict[str, str]] = {}
+
+    # -- start --------------------------------------------------------------------------------
+
+    def start(
+        self,
+        timeline: Timeline,
+        host: str,
+        port: int | None,
+        path: str,
+        carrier: MutableMapping[str, str] | None = None,
+    ) -> Span:
+        """Start the attempt's request span, inject ``traceparent`` into ``carrier``, and keep
+        the span on the timeline."""
+        method = timeline.method
+        timeline.host = host
+        timeline.port = port
+        template = route_template(path)
+        known = method if method in sc.KNOWN_METHODS else "_OTHER"
+        attributes: dict[str, Any] = {
+            sc.HTTP_REQUEST_METHOD: known,
+            sc.URL_FULL: redact(timeline.url),
+            sc.SERVER_ADDRESS: host,
+        }
+        if known != method:
+            attributes[sc.HTTP_REQUEST_METHOD_ORIGINAL] = method
+        if port is not None:
+            attributes[sc.SERVER_PORT] = port
+        if template is not None:
+            attributes[sc.URL_TEMPLATE] = template
+        name = f"{known if known != '_OTHER' else 'HTTP'} {template}" if template else (
+            known if known != "_OTHER" else "HTTP"
+        )
+        span = self._tracer.start_span(
+            name, kind=_CLIENT, attributes=attributes, start_time=timeline.epoch_start_ns
+        )
+        timeline.span = span
+        if carrier is not None:
+            propagate.inject(carrier, context=set_span_in_context(span))
+        return span
+
+    # -- finish -------------------------------------------------------------------------------
+
+    def finish(self, timeline: Timeline, at: int | None = None) -> None:
+        """End the attempt exactly once: phase spans, attributes, metrics. Never raises."""
+        if not timeline.close(at):
+            return
+        try:
+            self._emit(timeline)
+        except Exception:  # never break the host program
+            if not self._failure_logged:
+                self._failure_logged = True
+                _logger.exception("llm-latency: failed to emit an attempt (logged once)")
+            span = timeline.span
+            if span is not None and span.is_recording():
+                span.end(timeline.to_epoch_ns(timeline.end_ns))
+
+    def _emit(self, tl: Timeline) -> None:
+        span: Span | None = tl.span
+        if span is None:
+            return
+        attrs: dict[str, Any] = {}
+        found: dict[str, list[str]] = {}
+        if tl.response_headers is not None and self._wanted:
+            found = hdr.select(tl.response_headers, self._wanted)
+            for name, values in found.items():
+                attrs[self._header_attrs[name]] = values
+        status = tl.status_code
+        if status is not None:
+            attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
+        if tl.protocol_version:
+            attrs[sc.NETWORK_PROTOCOL_VERSION] = tl.protocol_version
+        if tl.reused is not None:
+            attrs[sc.CONNECTION_REUSED] = tl.reused
+        if tl.resend_count:
+            attrs[sc.HTTP_REQUEST_RESEND_COUNT] = tl.resend_count
+
+        processing = hdr.parse_number(hdr.first(found, hdr.PROCESSING_MS_HEADER))
+        if processing is not None:
+            processing /= 1000.0
+            attrs[sc.SERVER_PROCESSING_TIME] = processing
+            wait = tl.duration_of(WAIT)
+            if wait is not None:
+                attrs[sc.NETWORK_OVERHEAD] = wait - processing
+
+        ttfc: float | None = None
+        if tl.sse is not None and tl.first_chunk_ns:
+            ttfc = (tl.first_chunk_ns - tl.start_ns) / 1e9
+            attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttfc
+            attrs[sc.STREAM_EVENTS] = tl.sse.events
+            attrs[sc.STREAM_MAX_GAP] = tl.max_gap_ns / 1e9
+
+        error = tl.error
+        err_type: str | None = None
+        if error is not None:
+            err_type = error_type(error)
+            if tl.failed_phase is not None:
+                attrs[sc.FAILED_PHASE] = PHASE_NAMES[tl.failed_phase]
+        elif status is not None and status >= 400:
+            err_type = str(status)
+        if err_type is not None:
+            attrs[sc.ERROR_TYPE] = err_type
+        span.set_attributes(attrs)
+
+        host = tl.host
+        ctx = set_span_in_context(span)
+        self._emit_phases(tl, span, ctx, host, error)
+
+        if error is not None:
+            if tl.failed_phase is None or not self.phase_spans:
+                span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{err_type}"))
+        elif err_type is not None:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(tl.to_epoch_ns(tl.end_ns))
+
+        self._record_metrics(tl, ctx, host, found, status, err_type, ttfc)
+
+    def _emit_phases(
+        self, tl: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None
+    ) -> None:
+        tracer = self._tracer
+        record = self._phase_duration.record
+        phase_attrs = self._phase_attrs
+        for phase, name in enumerate(PHASE_NAMES):
+            bounds = tl.span_of(phase)
+            if bounds is None:
+                continue
+            start, end = bounds
+            key = (phase, host)
+            metric_attrs = phase_attrs.get(key)
+            if metric_attrs is None:
+                metric_attrs = phase_attrs[key] = {sc.PHASE: name, sc.SERVER_ADDRESS: host}
+            record((end - start) / 1e9, metric_attrs, ctx)
+            if not self.phase_spans:
+                continue
+            child = tracer.start_span(
+                sc.PHASE_SPAN_NAMES[phase],
+                context=ctx,
+                kind=_INTERNAL,
+                attributes={sc.PHASE: name},
+                start_time=tl.to_epoch_ns(start),
+            )
+            if error is not None and phase == tl.failed_phase:
+                child.set_attribute(sc.ERROR_TYPE, error_type(error))
+                child.record_exception(error)
+                child.set_status(Status(StatusCode.ERROR, error_type(error)))
+            child.end(tl.to_epoch_ns(end))
+
+    def _record_metrics(
+        self,
+        tl: Timeline,
+        ctx: Context,
+        host: str,
+        found: dict[str, list[str]],
+        status: int | None,
+        err_type: str | None,
+        ttfc: float | None,
+    ) -> None:
+        method = tl.method
+        duration_attrs: dict[str, Any] = {
+            sc.HTTP_REQUEST_METHOD: method if method in sc.KNOWN_METHODS else "_OTHER",
+            sc.SERVER_ADDRESS: host,
+        }
+        if tl.port is not None:
+            duration_attrs[sc.SERVER_PORT] = tl.port
+        if status is not None:
+            duration_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
+        if err_type is not None:
+            duration_attrs[sc.ERROR_TYPE] = err_type
+        self._request_duration.record(tl.duration, duration_attrs, ctx)
+        host_attrs = {sc.SERVER_ADDRESS: host}
+        if ttfc is not None:
+            self._time_to_first_chunk.record(ttfc, host_attrs, ctx)
+        if status == 429:
+            self._rate_limited.add(1, host_attrs, ctx)
+        if tl.reused is not None:
+            self._connections.add(1, {sc.SERVER_ADDRESS: host, sc.CONNECTION_REUSED: tl.reused})
+        for header, kind in hdr.RATELIMIT_REMAINING_HEADERS.items():
+            remaining = hdr.parse_number(hdr.first(found, header))
+            if remaining is not None:
+                self._ratelimit_remaining.set(
+                    remaining, {sc.SERVER_ADDRESS: host, sc.RATELIMIT_KIND: kind}
+                )
+
+    def failed_once(self, what: str) -> None:
+        """Log a fault inside the plugin, once per emitter."""
+        if not self._failure_logged:
+            self._failure_logged = True
+            _logger.exception("llm-latency: internal error in %s (logged once)", what)

@@ -1,0 +1,129 @@
+"""Which response headers become span attributes, and how they are read.
+
+Only allow-listed headers are ever recorded. Headers that carry credentials or session state
+(``authorization``, ``set-cookie``, ...) are refused even when asked for, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from opentelemetry.util.http import (
+    OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE,
+    get_custom_headers,
+)
+
+_logger = logging.getLogger(__name__)
+
+REQUEST_ID_HEADERS: Final = ("x-request-id", "request-id")
+PROCESSING_MS_HEADER: Final = "openai-processing-ms"
+RATELIMIT_REMAINING_HEADERS: Final = {
+    "x-ratelimit-remaining-requests": "requests",
+    "x-ratelimit-remaining-tokens": "tokens",
+}
+
+#: Captured by default: request ids, server timing, model, rate-limit state and retry hints.
+DEFAULT_RESPONSE_HEADERS: Final[tuple[str, ...]] = (
+    *REQUEST_ID_HEADERS,
+    PROCESSING_MS_HEADER,
+    "openai-model",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+    "retry-after",
+    "retry-after-ms",
+    "x-should-retry",
+)
+
+#: Never captured, whatever the configuration says.
+SENSITIVE_HEADERS: Final = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "www-authenticate",
+        "api-key",
+        "x-api-key",
+        "x-goog-api-key",
+        "cookie",
+        "set-cookie",
+        "set-cookie2",
+    }
+)
+
+
+def resolve_capture_list(extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """The lower-cased header names to capture: defaults, ``extra``, and the standard variable.
+
+    ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE`` is a comma-separated list.
+    Sensitive names are dropped with a warning; regular expressions are not supported.
+    """
+    wanted = list(DEFAULT_RESPONSE_HEADERS)
+    wanted.extend(extra)
+    if os.environ.get(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE):
+        wanted.extend(get_custom_headers(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE))
+    names: dict[str, None] = {}
+    for raw in wanted:
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name in SENSITIVE_HEADERS:
+            _logger.warning(
+                "llm-latency: refusing to capture the %r response header: it carries "
+                "credentials or session state",
+                name,
+            )
+            continue
+        names[name] = None
+    return tuple(names)
+
+
+def attribute_name(header: str) -> str:
+    """``http.response.header.<name>``, as the HTTP semantic conventions spell it."""
+    return "http.response.header." + header
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    return str(value)
+
+
+def select(
+    raw_headers: Sequence[tuple[Any, Any]], wanted: frozenset[str]
+) -> dict[str, list[str]]:
+    """The wanted headers of a raw ``(name, value)`` list, names lower-cased, values in order."""
+    found: dict[str, list[str]] = {}
+    for raw_name, raw_value in raw_headers:
+        name = _text(raw_name).lower()
+        if name in wanted:
+            found.setdefault(name, []).append(_text(raw_value).strip())
+    return found
+
+
+def first(found: Mapping[str, list[str]], *names: str) -> str | None:
+    """The first value of the first of ``names`` present in ``found``."""
+    for name in names:
+        values = found.get(name)
+        if values:
+            return values[0]
+    return None
+
+
+def parse_number(value: str | None) -> float | None:
+    """A header value as a float, or None when absent or not a plain finite number."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    if number != number or number in (float("inf"), float("-inf")):
+        return None
+    return number

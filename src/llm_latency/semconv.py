@@ -1,0 +1,74 @@
+"""Span, attribute and metric names: the product's contract (see DESIGN.md).
+
+Stable HTTP and GenAI names come from ``opentelemetry-semantic-conventions``; the
+``llm_latency.*`` names are this project's own.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+    GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+)
+from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
+    GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+)
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.semconv.attributes.http_attributes import (
+    HTTP_REQUEST_METHOD,
+    HTTP_REQUEST_METHOD_ORIGINAL,
+    HTTP_REQUEST_RESEND_COUNT,
+    HTTP_RESPONSE_STATUS_CODE,
+)
+from opentelemetry.semconv.attributes.network_attributes import NETWORK_PROTOCOL_VERSION
+from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
+from opentelemetry.semconv.attributes.url_attributes import URL_FULL
+from opentelemetry.semconv.metrics.http_metrics import HTTP_CLIENT_REQUEST_DURATION
+
+from llm_latency.timeline import PHASE_NAMES
+
+__all__ = [
+    "ERROR_TYPE",
+    "GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK",
+    "GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK",
+    "HTTP_CLIENT_REQUEST_DURATION",
+    "HTTP_REQUEST_METHOD",
+    "HTTP_REQUEST_METHOD_ORIGINAL",
+    "HTTP_REQUEST_RESEND_COUNT",
+    "HTTP_RESPONSE_STATUS_CODE",
+    "NETWORK_PROTOCOL_VERSION",
+    "SERVER_ADDRESS",
+    "SERVER_PORT",
+    "URL_FULL",
+]
+
+URL_TEMPLATE: Final = "url.template"
+
+PHASE: Final = "llm_latency.phase"
+CONNECTION_REUSED: Final = "llm_latency.connection.reused"
+SERVER_PROCESSING_TIME: Final = "llm_latency.server.processing_time"
+NETWORK_OVERHEAD: Final = "llm_latency.network_overhead"
+STREAM_EVENTS: Final = "llm_latency.stream.events"
+STREAM_MAX_GAP: Final = "llm_latency.stream.max_gap"
+FAILED_PHASE: Final = "llm_latency.failed_phase"
+RATELIMIT_KIND: Final = "llm_latency.ratelimit.kind"
+
+#: Phase span names, indexed like ``timeline.PHASE_NAMES``.
+PHASE_SPAN_NAMES: Final[tuple[str, ...]] = tuple("http." + name for name in PHASE_NAMES)
+
+PHASE_DURATION: Final = "llm_latency.phase.duration"
+RETRIES: Final = "llm_latency.retries"
+RATE_LIMITED: Final = "llm_latency.rate_limited"
+CONNECTIONS: Final = "llm_latency.connections"
+RATELIMIT_REMAINING: Final = "llm_latency.ratelimit.remaining"
+
+#: Histogram buckets (s) that reach LLM durations, not only the 10 s of the HTTP defaults.
+DURATION_BUCKETS: Final[tuple[float, ...]] = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0,
+)  # fmt: skip
+
+KNOWN_METHODS: Final = frozenset(
+    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"}
+)

@@ -1,0 +1,64 @@
+"""Counting Server-Sent Events in a byte stream as it arrives, chunk by chunk.
+
+An SSE event ends at a blank line: a line terminator (``\\r\\n``, ``\\n`` or ``\\r``) right after
+another. We count each run of two or more terminators that follows some content as one event;
+a run may straddle chunk boundaries (even split inside ``\\r\\n``), so the trailing run of a chunk
+is carried over and decided when content follows or when the stream ends. Comment-only blocks
+(``: keep-alive``) count as events too: telling them apart would mean parsing every line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+_TERMINATOR_RUN: Final = re.compile(rb"[\r\n]+")
+# A run of terminator bytes that holds a single line terminator; any other run holds a blank line.
+_SINGLE_TERMINATORS: Final = frozenset((b"\r", b"\n", b"\r\n"))
+_TERMINATORS: Final = b"\r\n"
+
+
+class SSECounter:
+    """Incremental, boundary-exact SSE event counter."""
+
+    __slots__ = ("_counted", "_had_content", "_tail")
+
+    def __init__(self) -> None:
+        self._counted = 0
+        self._tail = b""
+        self._had_content = False
+
+    def feed(self, data: bytes) -> None:
+        """Account for the next chunk of the stream."""
+        if not data:
+            return
+        if self._tail:
+            data = self._tail + data
+        body = data.rstrip(_TERMINATORS)
+        if not body:
+            # Only terminators so far: extend the pending run; once it holds a blank line
+            # any longer run is the same, so keep it short.
+            self._tail = data if len(data) <= 4 else b"\n\n"
+            return
+        self._tail = data[len(body) :]
+        runs = _TERMINATOR_RUN.findall(body)
+        if runs:
+            count = 0
+            for run in runs:
+                if run not in _SINGLE_TERMINATORS:
+                    count += 1
+            # A blank run at the very start only ends an event if content came before it.
+            if not self._had_content and body[0] in _TERMINATORS and runs[0] not in (
+                _SINGLE_TERMINATORS
+            ):
+                count -= 1
+            self._counted += count
+        self._had_content = True
+
+    @property
+    def events(self) -> int:
+        """Events completed so far (a trailing blank line counts once the stream has content)."""
+        pending = 1 if self._had_content and self._tail not in _SINGLE_TERMINATORS else 0
+        if not self._tail:
+            pending = 0
+        return self._counted + pending

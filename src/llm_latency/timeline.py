@@ -1,0 +1,196 @@
+"""The client-agnostic record of one HTTP attempt.
+
+An adapter fills a :class:`Timeline` with monotonic timestamps (``time.perf_counter_ns``) and
+plain facts while the request runs; the emitter turns it into spans and metrics once it ends.
+Nothing here knows about OpenTelemetry naming, and nothing here formats or parses: the hot path
+only stores integers and references.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from llm_latency.sse import SSECounter
+
+QUEUE: Final = 0
+DNS: Final = 1
+CONNECT: Final = 2
+TLS: Final = 3
+SEND: Final = 4
+WAIT: Final = 5
+RECEIVE: Final = 6
+
+#: Phase names, indexed by the constants above, in the order they happen.
+PHASE_NAMES: Final[tuple[str, ...]] = (
+    "queue",
+    "dns",
+    "connect",
+    "tls",
+    "send",
+    "wait",
+    "receive",
+)
+
+_now = time.perf_counter_ns
+
+RawHeaders = Sequence[tuple[Any, Any]]
+
+
+class Timeline:
+    """Phase boundaries and facts of one physical HTTP attempt."""
+
+    __slots__ = (
+        "_bounds",
+        "_current",
+        "bytes_received",
+        "chunks",
+        "end_ns",
+        "ended",
+        "epoch_start_ns",
+        "error",
+        "failed_phase",
+        "first_chunk_ns",
+        "host",
+        "last_chunk_ns",
+        "max_gap_ns",
+        "method",
+        "port",
+        "protocol_version",
+        "request",
+        "resend_count",
+        "response_headers",
+        "reused",
+        "span",
+        "sse",
+        "start_ns",
+        "status_code",
+        "url",
+    )
+
+    def __init__(self, method: str, url: str) -> None:
+        self.start_ns = _now()
+        self.epoch_start_ns = time.time_ns()
+        self.method = method
+        self.url = url
+        self.host = ""
+        self.port: int | None = None
+        # [start, end] per phase, flattened; 0 means "did not happen".
+        self._bounds = [0] * (2 * len(PHASE_NAMES))
+        self._current = -1
+        self.end_ns = 0
+        self.ended = False
+        self.span: Any = None
+        self.request: Any = None
+        self.status_code: int | None = None
+        self.protocol_version: str | None = None
+        self.response_headers: RawHeaders | None = None
+        self.reused: bool | None = None
+        self.resend_count = 0
+        self.error: BaseException | None = None
+        self.failed_phase: int | None = None
+        self.first_chunk_ns = 0
+        self.last_chunk_ns = 0
+        self.max_gap_ns = 0
+        self.chunks = 0
+        self.bytes_received = 0
+        self.sse: SSECounter | None = None
+
+    # -- phases -------------------------------------------------------------------------------
+
+    def begin(self, phase: int, at: int | None = None) -> None:
+        """Mark the start of ``phase`` (now, unless ``at`` is given)."""
+        self._bounds[2 * phase] = _now() if at is None else at
+        self._current = phase
+
+    def resume(self, phase: int) -> None:
+        """Make ``phase`` current again, keeping its first start (or begin it now)."""
+        i = 2 * phase
+        if not self._bounds[i]:
+            self._bounds[i] = _now()
+        self._bounds[i + 1] = 0
+        self._current = phase
+
+    def finish(self, phase: int, at: int | None = None) -> None:
+        """Mark the end of ``phase``; a phase never begun starts where it ends."""
+        end = _now() if at is None else at
+        i = 2 * phase
+        if not self._bounds[i]:
+            self._bounds[i] = end
+        self._bounds[i + 1] = end
+        if self._current == phase:
+            self._current = -1
+
+    def span_of(self, phase: int) -> tuple[int, int] | None:
+        """``(start, end)`` of a phase that happened, else None. An open phase ends at the end."""
+        i = 2 * phase
+        start = self._bounds[i]
+        if not start:
+            return None
+        end = self._bounds[i + 1] or self.end_ns or start
+        return start, max(end, start)
+
+    def began(self, phase: int) -> bool:
+        """Whether ``phase`` has started."""
+        return bool(self._bounds[2 * phase])
+
+    @property
+    def current_phase(self) -> int | None:
+        """The phase begun most recently and not finished yet, if any."""
+        return self._current if self._current >= 0 else None
+
+    def duration_of(self, phase: int) -> float | None:
+        """Seconds spent in ``phase``, or None when it did not happen."""
+        bounds = self.span_of(phase)
+        return None if bounds is None else (bounds[1] - bounds[0]) / 1e9
+
+    def to_epoch_ns(self, mono_ns: int) -> int:
+        """Convert a ``perf_counter_ns`` reading of this attempt to Unix epoch nanoseconds."""
+        return self.epoch_start_ns + (mono_ns - self.start_ns)
+
+    # -- body ---------------------------------------------------------------------------------
+
+    def chunk(self, data: bytes) -> None:
+        """Record one body chunk as it arrives from the network (hot path: keep it cheap)."""
+        now = _now()
+        last = self.last_chunk_ns
+        if last:
+            gap = now - last
+            if gap > self.max_gap_ns:
+                self.max_gap_ns = gap
+        else:
+            self.first_chunk_ns = now
+        self.last_chunk_ns = now
+        self.chunks += 1
+        self.bytes_received += len(data)
+        sse = self.sse
+        if sse is not None:
+            sse.feed(data)
+
+    # -- end ----------------------------------------------------------------------------------
+
+    def fail(self, error: BaseException, at: int | None = None) -> None:
+        """Record the exception that ended the attempt, in the phase it interrupted."""
+        if self.error is None:
+            self.error = error
+            current = self._current
+            self.failed_phase = current if current >= 0 else None
+            if current >= 0:
+                self.finish(current, at)
+
+    def close(self, at: int | None = None) -> bool:
+        """Mark the attempt's end. Returns False if it had already ended (end exactly once)."""
+        if self.ended:
+            return False
+        self.ended = True
+        self.end_ns = _now() if at is None else at
+        current = self._current
+        if current >= 0:
+            self.finish(current, self.end_ns)
+        return True
+
+    @property
+    def duration(self) -> float:
+        """Seconds from the attempt's start to its end (or to now, while it runs)."""
+        return ((self.end_ns or _now()) - self.start_ns) / 1e9
