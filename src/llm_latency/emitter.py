@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry import propagate
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 
 from llm_latency import headers as hdr
 from llm_latency import semconv as sc
@@ -88,9 +88,11 @@ class Emitter:
         port: int | None,
         path: str,
         carrier: MutableMapping[str, str] | None = None,
+        previous: Timeline | None = None,
     ) -> Span:
         """Start the attempt's request span, inject ``traceparent`` into ``carrier``, and keep
-        the span on the timeline."""
+        the span on the timeline. ``previous``, an earlier attempt of the same call (a
+        redirect or a resend), is linked, so hops stay connected even without a parent span."""
         method = timeline.method
         timeline.host = host
         timeline.port = port
@@ -110,8 +112,15 @@ class Emitter:
         name = f"{known if known != '_OTHER' else 'HTTP'} {template}" if template else (
             known if known != "_OTHER" else "HTTP"
         )
+        links = None
+        if previous is not None and previous.span is not None:
+            links = [Link(previous.span.get_span_context())]
         span = self._tracer.start_span(
-            name, kind=_CLIENT, attributes=attributes, start_time=timeline.epoch_start_ns
+            name,
+            kind=_CLIENT,
+            attributes=attributes,
+            links=links,
+            start_time=timeline.epoch_start_ns,
         )
         timeline.span = span
         if carrier is not None:

@@ -27,7 +27,8 @@ from functools import partial
 from typing import Any, Final
 
 import aiohappyeyeballs
-from aiohttp import client_reqrep, connector, streams
+from aiohttp import client_proto, client_reqrep, connector, streams
+from aiohttp.client_exceptions import ClientConnectionError
 from aiohttp.client import ClientSession
 from aiohttp.helpers import is_ip_address
 from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
@@ -54,10 +55,11 @@ _TIMELINE_ATTR: Final = "_llm_latency_timeline"
 class _Call:
     """One ``ClientSession._request`` call: its attempt in flight and how many it made."""
 
-    __slots__ = ("attempt", "attempts", "tls_expected")
+    __slots__ = ("attempt", "attempts", "last", "tls_expected")
 
     def __init__(self) -> None:
         self.attempt: Timeline | None = None
+        self.last: Timeline | None = None
         self.attempts = 0
         self.tls_expected = False
 
@@ -137,6 +139,9 @@ class AiohttpAdapter:
         p.replace(response, "release", self._wrap_release(response.release))
         p.replace(response, "close", self._wrap_release(response.close))
         p.replace(response, "__del__", self._wrap_del(response.__del__))
+        protocol = client_proto.ResponseHandler
+        p.replace(protocol, "close", self._wrap_protocol_close(protocol.close))
+        p.replace(protocol, "abort", self._wrap_protocol_close(protocol.abort))
         reader = streams.StreamReader
         p.replace(reader, "feed_data", self._wrap_feed_data(reader.feed_data))
         p.replace(reader, "set_exception", self._wrap_set_exception(reader.set_exception))
@@ -192,7 +197,10 @@ class AiohttpAdapter:
                 attempt.resend_count = call.attempts + _retry_count(req.headers)
                 call.attempts += 1
                 attempt.request = req
-                emitter.start(attempt, url.raw_host or "", url.port, url.raw_path, req.headers)
+                emitter.start(
+                    attempt, url.raw_host or "", url.port, url.raw_path, req.headers, call.last
+                )
+                call.last = attempt
             except Exception:
                 emitter.failed_once("aiohttp connect")
                 attempt = None
@@ -373,6 +381,22 @@ class AiohttpAdapter:
 
         return feed_data
 
+    def _wrap_protocol_close(self, original: Callable[..., None]) -> Callable[..., None]:
+        emitter = self._emitter
+
+        def close(protocol: Any) -> None:
+            # Closing the connection (the session or connector closing) drops the body stream
+            # without telling it: the attempt ends here, cut short.
+            payload = protocol._payload
+            if payload is not None:
+                attempt = _streams.pop(payload, None)
+                if attempt is not None and not attempt.ended:
+                    attempt.fail(_connection_closed())
+                    emitter.finish(attempt)
+            original(protocol)
+
+        return close
+
     def _wrap_set_exception(self, original: Callable[..., None]) -> Callable[..., None]:
         emitter = self._emitter
 
@@ -384,6 +408,10 @@ class AiohttpAdapter:
             original(stream, exc, *args, **kwargs)
 
         return set_exception
+
+
+def _connection_closed() -> BaseException:
+    return ClientConnectionError("Connection closed")
 
 
 def _request_sent(attempt: Timeline) -> None:

@@ -1,0 +1,128 @@
+"""Shared fixtures: in-memory telemetry around an instrumented process, and loopback peers."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import trustme
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+import llm_latency
+from tests.servers import LLMServer, SlowDNS, llm_server
+
+
+class Telemetry:
+    """What the instrumented code exported, with helpers to find request and phase spans."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def requests(self) -> list[ReadableSpan]:
+        """Request spans (kind CLIENT), in the order they ended."""
+        return [s for s in self.spans() if s.kind is SpanKind.CLIENT]
+
+    def request(self) -> ReadableSpan:
+        (only,) = self.requests()
+        return only
+
+    def phases(self, request: ReadableSpan) -> dict[str, ReadableSpan]:
+        """The phase spans under ``request``, by phase name."""
+        assert request.context is not None
+        children = [
+            s for s in self.spans()
+            if s.parent is not None and s.parent.span_id == request.context.span_id
+        ]  # fmt: skip
+        by_phase = {str(s.attributes["llm_latency.phase"]): s for s in children}  # type: ignore[index]
+        assert len(by_phase) == len(children), "a phase was emitted twice"
+        return by_phase
+
+    def metric_points(self, name: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        points: list[Any] = []
+        if data is None:
+            return points
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == name:
+                        points.extend(metric.data.data_points)
+        return points
+
+
+def seconds(span: ReadableSpan) -> float:
+    assert span.start_time is not None and span.end_time is not None
+    return (span.end_time - span.start_time) / 1e9
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    t = Telemetry()
+    llm_latency.instrument(
+        tracer_provider=t.tracer_provider, meter_provider=t.meter_provider, configure=False
+    )
+    try:
+        yield t
+    finally:
+        llm_latency.uninstrument()
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def server_ssl(ca: trustme.CA) -> ssl.SSLContext:
+    cert = ca.issue_cert("localhost", "llm.test", "127.0.0.1")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(context)
+    return context
+
+
+@pytest.fixture(scope="session")
+def client_ssl(ca: trustme.CA) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return context
+
+
+@pytest.fixture(scope="session")
+def dns_server() -> Iterator[SlowDNS]:
+    server = SlowDNS()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def dns(dns_server: SlowDNS) -> Iterator[SlowDNS]:
+    dns_server.resolver.delay = 0.0
+    dns_server.resolver.queries.clear()
+    yield dns_server
+    dns_server.resolver.delay = 0.0
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[LLMServer]:
+    async with llm_server() as s:
+        yield s
+
+
+@pytest.fixture
+async def tls_server(server_ssl: ssl.SSLContext) -> AsyncIterator[LLMServer]:
+    async with llm_server(ssl_context=server_ssl) as s:
+        yield s

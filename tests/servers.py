@@ -1,0 +1,267 @@
+"""Real peers on loopback for the tests: an LLM-like HTTP(S) server, a slow DNS server, and a
+TCP proxy that holds the TLS ClientHello. Delays are injected, so tests can check phases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from dnslib import QTYPE, RCODE, RR, A
+from dnslib.server import BaseResolver, DNSServer
+
+SECRET_RESPONSE_BODY = "response-body-secret-7f3a"
+
+
+# -- the LLM-like server --------------------------------------------------------------------
+
+
+def _number(request: web.Request, name: str, default: float = 0.0) -> float:
+    return float(request.query.get(name, default))
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    """OpenAI-style chat completions, shaped by query parameters.
+
+    wait: seconds before the headers; status: response status; chunks and gap: a streamed
+    body of ``chunks`` parts ``gap`` seconds apart (SSE when ``sse=1``); reset: abort the
+    connection after that many chunks; header_NAME: extra response headers.
+    """
+    await request.read()
+    wait = _number(request, "wait")
+    if wait:
+        await asyncio.sleep(wait)
+    status = int(request.query.get("status", 200))
+    headers = {
+        "x-request-id": "req_test_123",
+        "openai-processing-ms": str(int(wait * 1000)),
+        "x-ratelimit-remaining-requests": "42",
+        "x-ratelimit-remaining-tokens": "9000",
+        "set-cookie": "session=cookie-secret-9c1d",
+    }
+    for name, value in request.query.items():
+        if name.startswith("header_"):
+            headers[name[len("header_") :]] = value
+    chunks = int(request.query.get("chunks", 0))
+    if not chunks:
+        body = json.dumps({"choices": [{"message": {"content": SECRET_RESPONSE_BODY}}]})
+        return web.Response(status=status, text=body, headers=headers,
+                            content_type="application/json")  # fmt: skip
+    sse = request.query.get("sse") == "1"
+    gap = _number(request, "gap")
+    reset = int(request.query.get("reset", -1))
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_type = "text/event-stream" if sse else "application/octet-stream"
+    await response.prepare(request)
+    if sse:
+        parts = [
+            f"data: {json.dumps({'choices': [{'delta': {'content': f'tok{i}'}}]})}\n\n"
+            for i in range(chunks)
+        ]
+    elif request.query.get("fmt") == "json":
+        text = json.dumps({"parts": [f"part{i}" for i in range(chunks)]})
+        size = -(-len(text) // chunks)
+        parts = [text[i : i + size] for i in range(0, len(text), size)]
+    else:
+        parts = [f"chunk{i}\n" for i in range(chunks)]
+    for i, part in enumerate(parts):
+        if i == reset:
+            assert request.transport is not None
+            request.transport.abort()
+            return response
+        if i and gap:
+            await asyncio.sleep(gap)
+        await response.write(part.encode())
+    if sse:
+        await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _redirect(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/v1/chat/completions")
+
+
+@dataclass
+class LLMServer:
+    """A running aiohttp.web server; ``url(path, **query)`` builds request URLs."""
+
+    host: str
+    port: int
+    scheme: str
+    runner: web.AppRunner
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def url(self, path: str = "/v1/chat/completions", host: str | None = None, **query: Any) -> str:
+        qs = "&".join(f"{k}={v}" for k, v in query.items())
+        return f"{self.scheme}://{host or self.host}:{self.port}{path}" + (f"?{qs}" if qs else "")
+
+
+@contextlib.asynccontextmanager
+async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncIterator[LLMServer]:
+    app = web.Application()
+    seen: list[dict[str, Any]] = []
+
+    @web.middleware
+    async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen.append({"path": request.path, "headers": dict(request.headers)})
+        return await handler(request)
+
+    app.middlewares.append(record)
+    app.router.add_route("*", "/v1/chat/completions", _chat)
+    app.router.add_route("*", "/redirect", _redirect)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0, ssl_context=ssl_context)
+    await site.start()
+    server = site._server
+    assert server is not None
+    port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield LLMServer(host, port, "https" if ssl_context else "http", runner, seen)
+    finally:
+        await runner.cleanup()
+
+
+# -- a DNS server that answers after a delay --------------------------------------------------
+
+
+class _SlowResolver(BaseResolver):  # type: ignore[misc]
+    """Answers A 127.0.0.1 for names under ``.test.``; NXDOMAIN for anything else."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.queries: list[str] = []
+
+    def resolve(self, request: Any, handler: Any) -> Any:
+        name = str(request.q.qname)
+        self.queries.append(name)
+        if self.delay:
+            time.sleep(self.delay)
+        reply = request.reply()
+        if name.endswith(".test.") and request.q.qtype == QTYPE.A:
+            reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A("127.0.0.1"), ttl=60))
+        elif not name.endswith(".test."):
+            reply.header.rcode = RCODE.NXDOMAIN
+        return reply
+
+
+class SlowDNS:
+    """A real UDP DNS server on loopback (dnslib), in a thread."""
+
+    def __init__(self) -> None:
+        self.resolver = _SlowResolver()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._server = DNSServer(self.resolver, address="127.0.0.1", port=self.port,
+                                 logger=_QuietLogger())  # fmt: skip
+        self._server.start_thread()
+
+    @property
+    def nameserver(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+class _QuietLogger:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+# -- a TCP proxy that holds the ClientHello ---------------------------------------------------
+
+
+class HoldingProxy:
+    """Accepts TCP at once, then holds the client's first bytes (the TLS ClientHello) for
+    ``delay`` seconds before passing them on: the TLS handshake takes that much longer."""
+
+    def __init__(self, target_port: int, delay: float) -> None:
+        self.target_port = target_port
+        self.delay = delay
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> HoldingProxy:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            first = await reader.read(65536)
+            await asyncio.sleep(self.delay)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            up_writer.write(first)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+# -- a server that accepts and never answers ---------------------------------------------------
+
+
+class SilentServer:
+    """Accepts TCP connections and never sends a byte (for TLS and read timeouts)."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.port = self._sock.getsockname()[1]
+        self._conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self._sock.accept()
+                self._conns.append(conn)
+
+    def close(self) -> None:
+        self._sock.close()
+        for conn in self._conns:
+            conn.close()
+
+
+def unused_port() -> int:
+    """A loopback port with nothing listening on it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,176 @@
+"""aiohttp: each phase is present when it happens, absent when not, and as long as the delay
+the test injects into it (with tolerances for a busy 2-core machine)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import aiohttp
+
+from tests.conftest import Telemetry, seconds
+from tests.servers import HoldingProxy, LLMServer, SlowDNS
+
+# A phase lasts at least its injected delay, and not much more on a loaded machine.
+SLACK = 0.3
+EARLY = 0.005  # timers may fire this much early
+
+
+def assert_about(value: float, expected: float) -> None:
+    assert expected - EARLY <= value <= expected + SLACK, (value, expected)
+
+
+def assert_tiles(telemetry: Telemetry) -> None:
+    """Phases are in order, do not overlap, and lie within their request span."""
+    for request in telemetry.requests():
+        phases = sorted(telemetry.phases(request).values(), key=lambda s: s.start_time or 0)
+        assert request.start_time is not None and request.end_time is not None
+        previous_end = request.start_time
+        for phase in phases:
+            assert phase.start_time is not None and phase.end_time is not None
+            assert phase.start_time >= previous_end, phase.name
+            assert phase.end_time >= phase.start_time
+            previous_end = phase.end_time
+        assert previous_end <= request.end_time
+
+
+async def test_fresh_connection_has_dns_connect_send_wait_receive(
+    telemetry: Telemetry, server: LLMServer, dns: SlowDNS
+) -> None:
+    dns.resolver.delay = 0.2
+    resolver = aiohttp.AsyncResolver(nameservers=[dns.nameserver])
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=resolver)) as session:
+        url = server.url(host="api.llm.test", wait=0.3, chunks=4, gap=0.1)
+        async with session.post(url, json={"model": "m"}) as response:
+            body = await response.read()
+    assert body.startswith(b"chunk0")
+    request = telemetry.request()
+    phases = telemetry.phases(request)
+    assert set(phases) == {"dns", "connect", "send", "wait", "receive"}
+    assert_about(seconds(phases["dns"]), 0.2)
+    assert_about(seconds(phases["wait"]), 0.3)
+    assert_about(seconds(phases["receive"]), 0.3)
+    assert seconds(phases["connect"]) < SLACK
+    assert_about(seconds(request), 0.8)
+    assert request.name == "POST /v1/chat/completions"
+    assert request.attributes is not None
+    assert request.attributes["server.address"] == "api.llm.test"
+    assert request.attributes["llm_latency.connection.reused"] is False
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["network.protocol.version"] == "1.1"
+    assert_tiles(telemetry)
+
+
+async def test_tls_phase_is_separate_from_tcp(
+    telemetry: Telemetry, tls_server: LLMServer, client_ssl: ssl.SSLContext
+) -> None:
+    async with HoldingProxy(tls_server.port, delay=0.25) as proxy:
+        connector = aiohttp.TCPConnector(ssl=client_ssl)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            url = f"https://localhost:{proxy.port}/v1/chat/completions"
+            async with session.post(url, json={}) as response:
+                await response.json()
+    request = telemetry.request()
+    phases = telemetry.phases(request)
+    assert {"connect", "tls", "send", "wait", "receive"} <= set(phases)
+    assert_about(seconds(phases["tls"]), 0.25)
+    assert seconds(phases["connect"]) < 0.2
+    assert_tiles(telemetry)
+
+
+async def test_pooled_connection_skips_dns_connect_tls(
+    telemetry: Telemetry, tls_server: LLMServer, client_ssl: ssl.SSLContext
+) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ssl)) as session:
+        for _ in range(2):
+            async with session.post(tls_server.url(host="localhost"), json={}) as response:
+                await response.read()
+    first, second = telemetry.requests()
+    assert {"dns", "connect", "tls"} <= set(telemetry.phases(first))
+    assert set(telemetry.phases(second)) == {"send", "wait", "receive"}
+    assert first.attributes is not None and second.attributes is not None
+    assert first.attributes["llm_latency.connection.reused"] is False
+    assert second.attributes["llm_latency.connection.reused"] is True
+    reused = {
+        p.attributes["llm_latency.connection.reused"]: p.value
+        for p in telemetry.metric_points("llm_latency.connections")
+    }
+    assert reused == {False: 1, True: 1}
+
+
+async def test_dns_cache_hit_has_no_dns_phase(
+    telemetry: Telemetry, server: LLMServer, dns: SlowDNS
+) -> None:
+    dns.resolver.delay = 0.05
+    resolver = aiohttp.AsyncResolver(nameservers=[dns.nameserver])
+    connector = aiohttp.TCPConnector(resolver=resolver, force_close=True, use_dns_cache=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        lookups = []
+        for _ in range(2):
+            async with session.get(server.url(host="cache.llm.test")) as response:
+                await response.read()
+            lookups.append(len(dns.resolver.queries))
+    first, second = telemetry.requests()
+    assert "dns" in telemetry.phases(first)
+    assert "dns" not in telemetry.phases(second)
+    assert "connect" in telemetry.phases(second)
+    assert lookups[0] > 0
+    assert lookups[1] == lookups[0]  # the second request asked the DNS server nothing
+
+
+async def test_pool_limit_queues_requests(telemetry: Telemetry, server: LLMServer) -> None:
+    connector = aiohttp.TCPConnector(limit_per_host=1)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one() -> None:
+            async with session.get(server.url(wait=0.2)) as response:
+                await response.read()
+
+        await asyncio.gather(one(), one(), one())
+    requests = telemetry.requests()
+    assert len(requests) == 3
+    queued = sorted(
+        seconds(p["queue"]) for p in map(telemetry.phases, requests) if "queue" in p
+    )
+    # The first request takes the only connection; the others wait about one and two
+    # server delays for it.
+    assert len(queued) == 2
+    assert_about(queued[0], 0.2)
+    assert_about(queued[1], 0.4)
+    assert_tiles(telemetry)
+
+
+async def test_ip_literal_has_no_dns_phase(telemetry: Telemetry, server: LLMServer) -> None:
+    async with aiohttp.ClientSession() as session, session.get(server.url()) as response:
+        await response.read()
+    assert set(telemetry.phases(telemetry.request())) == {"connect", "send", "wait", "receive"}
+
+
+async def test_large_request_body_send_phase(telemetry: Telemetry, server: LLMServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(server.url(), data=b"x" * 4_000_000) as response:
+            await response.read()
+    phases = telemetry.phases(telemetry.request())
+    assert {"send", "wait", "receive"} <= set(phases)
+    assert_tiles(telemetry)
+
+
+async def test_redirect_hops_are_separate_attempts(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    tracer = telemetry.tracer_provider.get_tracer("test")
+    with tracer.start_as_current_span("program"):
+        async with aiohttp.ClientSession() as session:
+            async with session.get(server.url("/redirect")) as response:
+                await response.read()
+                assert response.status == 200
+    hop, final = telemetry.requests()
+    assert hop.attributes is not None and final.attributes is not None
+    assert hop.attributes["http.response.status_code"] == 302
+    assert "http.request.resend_count" not in hop.attributes
+    assert final.attributes["http.response.status_code"] == 200
+    assert final.attributes["http.request.resend_count"] == 1
+    assert hop.parent == final.parent
+    assert hop.context is not None and final.context is not None
+    assert hop.context.trace_id == final.context.trace_id
+    assert [link.context.span_id for link in final.links] == [hop.context.span_id]
