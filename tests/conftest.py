@@ -10,7 +10,8 @@ import pytest
 import trustme
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -19,15 +20,44 @@ import llm_latency
 from tests.servers import LLMServer, SlowDNS, llm_server
 
 
+class OpenSpans(SpanProcessor):
+    """Counts spans started and ended, to prove none is left open or ended twice."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.ended: list[int] = []
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self.started.append(span.context.span_id)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        assert span.context is not None
+        self.ended.append(span.context.span_id)
+
+
 class Telemetry:
     """What the instrumented code exported, with helpers to find request and phase spans."""
 
     def __init__(self) -> None:
         self.exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider()
+        self.open_spans = OpenSpans()
+        self.tracer_provider.add_span_processor(self.open_spans)
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
+
+    def instrument(self, **kwargs: Any) -> None:
+        llm_latency.instrument(
+            tracer_provider=self.tracer_provider,
+            meter_provider=self.meter_provider,
+            configure=False,
+            **kwargs,
+        )
+
+    def assert_all_ended_once(self) -> None:
+        assert sorted(self.open_spans.started) == sorted(self.open_spans.ended)
+        assert len(set(self.open_spans.ended)) == len(self.open_spans.ended)
 
     def spans(self) -> list[ReadableSpan]:
         return list(self.exporter.get_finished_spans())
@@ -72,9 +102,7 @@ def seconds(span: ReadableSpan) -> float:
 @pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
     t = Telemetry()
-    llm_latency.instrument(
-        tracer_provider=t.tracer_provider, meter_provider=t.meter_provider, configure=False
-    )
+    t.instrument()
     try:
         yield t
     finally:

@@ -20,7 +20,6 @@ How each phase is observed (all patches are on classes, so sessions created befo
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from functools import partial
@@ -145,6 +144,7 @@ class AiohttpAdapter:
         reader = streams.StreamReader
         p.replace(reader, "feed_data", self._wrap_feed_data(reader.feed_data))
         p.replace(reader, "set_exception", self._wrap_set_exception(reader.set_exception))
+        p.replace(reader, "_wait", self._wrap_wait(reader._wait))
 
     def uninstall(self) -> None:
         """Undo every patch. Attempts in flight still end: their callbacks stay registered."""
@@ -350,15 +350,27 @@ class AiohttpAdapter:
             attempt: Timeline | None = response.__dict__.get(_TIMELINE_ATTR)
             if attempt is not None and not attempt.ended:
                 _streams.pop(response.content, None)
-                # Released while an exception propagates (a cancelled or timed-out read
-                # inside ``async with``): the body was cut short by it.
-                error = sys.exc_info()[1]
-                if error is not None:
-                    attempt.fail(error)
                 emitter.finish(attempt)
             return original(response)
 
         return release
+
+    def _wrap_wait(self, original: Callable[..., Awaitable[None]]) -> Callable[..., Any]:
+        emitter = self._emitter
+
+        async def _wait(stream: Any, func_name: str) -> None:
+            try:
+                await original(stream, func_name)
+            except BaseException as exc:
+                # The program's read of the body was cancelled or timed out: the attempt
+                # ends here, in the receive phase, with what the program sees.
+                attempt = _streams.pop(stream, None)
+                if attempt is not None and not attempt.ended:
+                    attempt.fail(exc)
+                    emitter.finish(attempt)
+                raise
+
+        return _wait
 
     def _wrap_del(self, original: Callable[..., Any]) -> Callable[..., Any]:
         emitter = self._emitter
