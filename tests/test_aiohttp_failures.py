@@ -267,9 +267,7 @@ async def test_cancellation(
     assert_failed(telemetry, phase, "CancelledError")
 
 
-async def test_cancellation_in_tls(
-    telemetry: Telemetry, client_ssl: ssl.SSLContext
-) -> None:
+async def test_cancellation_in_tls(telemetry: Telemetry, client_ssl: ssl.SSLContext) -> None:
     silent = SilentServer()
     try:
 

@@ -129,9 +129,7 @@ async def test_pool_limit_queues_requests(telemetry: Telemetry, server: LLMServe
         await asyncio.gather(one(), one(), one())
     requests = telemetry.requests()
     assert len(requests) == 3
-    queued = sorted(
-        seconds(p["queue"]) for p in map(telemetry.phases, requests) if "queue" in p
-    )
+    queued = sorted(seconds(p["queue"]) for p in map(telemetry.phases, requests) if "queue" in p)
     # The first request takes the only connection; the others wait about one and two
     # server delays for it.
     assert len(queued) == 2
@@ -155,9 +153,7 @@ async def test_large_request_body_send_phase(telemetry: Telemetry, server: LLMSe
     assert_tiles(telemetry)
 
 
-async def test_redirect_hops_are_separate_attempts(
-    telemetry: Telemetry, server: LLMServer
-) -> None:
+async def test_redirect_hops_are_separate_attempts(telemetry: Telemetry, server: LLMServer) -> None:
     tracer = telemetry.tracer_provider.get_tracer("test")
     with tracer.start_as_current_span("program"):
         async with aiohttp.ClientSession() as session:

@@ -45,8 +45,8 @@ def instrument(
     instrumentor = LLMLatencyInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
         return
-    if configure and (tracer_provider is None or meter_provider is None):
-        configure_providers()
+    if configure:
+        configure_providers(traces=tracer_provider is None, metrics_=meter_provider is None)
     instrumentor.instrument(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,

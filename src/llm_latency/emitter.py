@@ -9,11 +9,19 @@ from typing import Any
 from opentelemetry import propagate
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace import (
+    Link,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    set_span_in_context,
+)
 
 from llm_latency import headers as hdr
 from llm_latency import semconv as sc
-from llm_latency.timeline import PHASE_NAMES, RECEIVE, WAIT, Timeline
+from llm_latency.timeline import PHASE_NAMES, WAIT, Timeline
 from llm_latency.urls import redact, route_template
 
 _logger = logging.getLogger(__name__)
@@ -109,8 +117,10 @@ class Emitter:
             attributes[sc.SERVER_PORT] = port
         if template is not None:
             attributes[sc.URL_TEMPLATE] = template
-        name = f"{known if known != '_OTHER' else 'HTTP'} {template}" if template else (
-            known if known != "_OTHER" else "HTTP"
+        name = (
+            f"{known if known != '_OTHER' else 'HTTP'} {template}"
+            if template
+            else (known if known != "_OTHER" else "HTTP")
         )
         links = None
         if previous is not None and previous.span is not None:

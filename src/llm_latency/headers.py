@@ -95,9 +95,7 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def select(
-    raw_headers: Sequence[tuple[Any, Any]], wanted: frozenset[str]
-) -> dict[str, list[str]]:
+def select(raw_headers: Sequence[tuple[Any, Any]], wanted: frozenset[str]) -> dict[str, list[str]]:
     """The wanted headers of a raw ``(name, value)`` list, names lower-cased, values in order."""
     found: dict[str, list[str]] = {}
     for raw_name, raw_value in raw_headers:

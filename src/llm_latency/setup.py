@@ -85,13 +85,16 @@ def meter_provider_is_set() -> bool:
     return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
 
 
-def configure_providers() -> tuple[bool, bool]:
-    """Set global SDK providers where none is set. Returns (traces, metrics) configured."""
+def configure_providers(*, traces: bool = True, metrics_: bool = True) -> tuple[bool, bool]:
+    """Set global SDK providers where none is set (only for the signals asked for).
+
+    Returns whether the (trace, metric) providers were set up.
+    """
     if _sdk_disabled():
         return False, False
     resource = Resource.create()
     traces_done = metrics_done = False
-    if not tracer_provider_is_set():
+    if traces and not tracer_provider_is_set():
         tracer_provider = TracerProvider(resource=resource)
         for name in _exporter_names("OTEL_TRACES_EXPORTER"):
             if name == "none":
@@ -101,7 +104,7 @@ def configure_providers() -> tuple[bool, bool]:
                 tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
         trace.set_tracer_provider(tracer_provider)
         traces_done = True
-    if not meter_provider_is_set():
+    if metrics_ and not meter_provider_is_set():
         readers: list[MetricReader] = []
         for name in _exporter_names("OTEL_METRICS_EXPORTER"):
             if name == "none":

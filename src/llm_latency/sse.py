@@ -48,8 +48,10 @@ class SSECounter:
                 if run not in _SINGLE_TERMINATORS:
                     count += 1
             # A blank run at the very start only ends an event if content came before it.
-            if not self._had_content and body[0] in _TERMINATORS and runs[0] not in (
-                _SINGLE_TERMINATORS
+            if (
+                not self._had_content
+                and body[0] in _TERMINATORS
+                and runs[0] not in (_SINGLE_TERMINATORS)
             ):
                 count -= 1
             self._counted += count

@@ -82,7 +82,10 @@ def _redact_query(query: str) -> str:
     if not any(name.lower() in SECRET_QUERY_PARAMS for name, _ in pairs):
         return query
     return urlencode(
-        [(name, REDACTED if name.lower() in SECRET_QUERY_PARAMS else value) for name, value in pairs],
+        [
+            (name, REDACTED if name.lower() in SECRET_QUERY_PARAMS else value)
+            for name, value in pairs
+        ],
         safe=REDACTED,
     )
 

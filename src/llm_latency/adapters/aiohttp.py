@@ -27,8 +27,8 @@ from typing import Any, Final
 
 import aiohappyeyeballs
 from aiohttp import client_proto, client_reqrep, connector, streams
-from aiohttp.client_exceptions import ClientConnectionError
 from aiohttp.client import ClientSession
+from aiohttp.client_exceptions import ClientConnectionError
 from aiohttp.helpers import is_ip_address
 from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
 
@@ -272,15 +272,13 @@ class AiohttpAdapter:
             attempt.resume(CONNECT)
             result = await original(conn, *args, **kwargs)
             current = attempt.current_phase
-            if current == TLS or current == CONNECT:
+            if current in (TLS, CONNECT):
                 attempt.finish(current)
             return result
 
         return _wrap_create_connection
 
-    def _wrap_start_connection(
-        self, original: Callable[..., Awaitable[Any]]
-    ) -> Callable[..., Any]:
+    def _wrap_start_connection(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
         async def start_connection(*args: Any, **kwargs: Any) -> Any:
             sock = await original(*args, **kwargs)
             call = _call.get()
@@ -440,7 +438,7 @@ def _body_written(attempt: Timeline, _task: Any) -> None:
 def _headers_received(attempt: Timeline, response: Any) -> None:
     now = _now()
     current = attempt.current_phase
-    if current == WAIT or current == SEND:
+    if current in (WAIT, SEND):
         attempt.finish(current, now)
     attempt.begin(RECEIVE, now)
     attempt.status_code = response.status
@@ -456,8 +454,6 @@ def _headers_received(attempt: Timeline, response: Any) -> None:
         attempt.chunk(chunk)
 
 
-def _body_complete(
-    emitter: Emitter, attempt: Timeline, content: streams.StreamReader
-) -> None:
+def _body_complete(emitter: Emitter, attempt: Timeline, content: streams.StreamReader) -> None:
     _streams.pop(content, None)
     emitter.finish(attempt)

@@ -1,0 +1,223 @@
+"""The public API: instrument(), uninstrument(), the instrumentor, configure=True, the entry
+point under ``opentelemetry-instrument``, suppression, and never breaking the program."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import aiohappyeyeballs
+import aiohttp
+import pytest
+from aiohttp import client_proto, client_reqrep, connector, streams
+from opentelemetry.instrumentation.utils import (
+    suppress_http_instrumentation,
+    suppress_instrumentation,
+)
+
+import llm_latency
+from llm_latency.emitter import Emitter
+from llm_latency.instrumentor import LLMLatencyInstrumentor
+from tests.conftest import Telemetry
+from tests.servers import LLMServer
+
+PATCHED: list[tuple[Any, str]] = [
+    (aiohttp.ClientSession, "_request"),
+    (connector.BaseConnector, "connect"),
+    (connector.BaseConnector, "_get"),
+    (connector.BaseConnector, "_wait_for_available_connection"),
+    (connector.TCPConnector, "_resolve_host"),
+    (connector.TCPConnector, "_wrap_create_connection"),
+    (aiohappyeyeballs, "start_connection"),
+    (client_reqrep.ClientRequest, "send"),
+    (client_reqrep.ClientResponse, "start"),
+    (client_reqrep.ClientResponse, "release"),
+    (client_reqrep.ClientResponse, "close"),
+    (client_reqrep.ClientResponse, "__del__"),
+    (client_proto.ResponseHandler, "close"),
+    (client_proto.ResponseHandler, "abort"),
+    (streams.StreamReader, "feed_data"),
+    (streams.StreamReader, "set_exception"),
+    (streams.StreamReader, "_wait"),
+]
+
+
+def snapshot() -> list[Any]:
+    return [vars(owner).get(name) for owner, name in PATCHED]
+
+
+async def get(server: LLMServer, session: aiohttp.ClientSession | None = None) -> None:
+    if session is None:
+        async with aiohttp.ClientSession() as own:
+            await get(server, own)
+        return
+    async with session.get(server.url()) as response:
+        await response.read()
+
+
+async def test_uninstrument_restores_everything(server: LLMServer) -> None:
+    before = snapshot()
+    telemetry = Telemetry()
+    telemetry.instrument()
+    assert all(now is not then for now, then in zip(snapshot(), before, strict=True))
+    llm_latency.uninstrument()
+    assert snapshot() == before
+    await get(server)
+    assert telemetry.spans() == []
+    llm_latency.uninstrument()  # harmless when not instrumented
+
+
+async def test_instrument_twice_is_harmless(telemetry: Telemetry, server: LLMServer) -> None:
+    telemetry.instrument()
+    llm_latency.instrument(configure=False)
+    await get(server)
+    assert len(telemetry.requests()) == 1
+
+
+async def test_session_created_before_instrument(server: LLMServer) -> None:
+    telemetry = Telemetry()
+    async with aiohttp.ClientSession() as session:
+        await get(server, session)
+        telemetry.instrument()
+        try:
+            await get(server, session)
+        finally:
+            llm_latency.uninstrument()
+    assert len(telemetry.requests()) == 1
+
+
+@pytest.mark.parametrize("suppress", [suppress_instrumentation, suppress_http_instrumentation])
+async def test_suppression(telemetry: Telemetry, server: LLMServer, suppress: Any) -> None:
+    with suppress():
+        await get(server)
+    assert telemetry.spans() == []
+    assert "traceparent" not in server.requests[-1]["headers"]
+
+
+async def test_traceparent_is_injected(telemetry: Telemetry, server: LLMServer) -> None:
+    await get(server)
+    request = telemetry.request()
+    assert request.context is not None
+    traceparent = server.requests[-1]["headers"]["traceparent"]
+    assert traceparent.split("-")[1:3] == [
+        f"{request.context.trace_id:032x}",
+        f"{request.context.span_id:016x}",
+    ]
+
+
+async def test_phase_spans_off(server: LLMServer) -> None:
+    telemetry = Telemetry()
+    telemetry.instrument(phase_spans=False)
+    try:
+        await get(server)
+    finally:
+        llm_latency.uninstrument()
+    assert len(telemetry.spans()) == 1
+    assert {p.attributes["llm_latency.phase"] for p in
+            telemetry.metric_points("llm_latency.phase.duration")} == {
+        "connect", "send", "wait", "receive"}  # fmt: skip
+
+
+def test_unknown_client_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown client 'curl'"):
+        llm_latency.instrument(clients=["curl"], configure=False)
+    assert not LLMLatencyInstrumentor().is_instrumented_by_opentelemetry
+
+
+async def test_plugin_fault_never_reaches_the_program(
+    telemetry: Telemetry,
+    server: LLMServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(self: Emitter, timeline: Any) -> None:
+        raise RuntimeError("plugin bug")
+
+    monkeypatch.setattr(Emitter, "_emit", broken)
+    with caplog.at_level(logging.ERROR, logger="llm_latency"):
+        for _ in range(3):
+            await get(server)
+    assert len([r for r in caplog.records if "plugin bug" in (r.exc_text or "")]) == 1
+    assert len(telemetry.requests()) == 3  # the request spans still end
+    telemetry.assert_all_ended_once()
+
+
+CLIENT_SCRIPT = """
+import asyncio, sys
+import aiohttp
+{setup}
+
+async def main():
+    async with aiohttp.ClientSession() as session:
+        async with session.get(sys.argv[1]) as response:
+            await response.read()
+
+asyncio.run(main())
+"""
+
+
+def run_script(tmp_path: Path, url: str, setup: str, *prefix: str, **env: str) -> str:
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(CLIENT_SCRIPT.format(setup=setup)))
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    environment.update(env)
+    result = subprocess.run(
+        [*prefix, sys.executable, str(script), url],
+        capture_output=True, text=True, env=environment, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+async def _in_thread(func: Any, *args: Any, **kwargs: Any) -> Any:
+    import asyncio
+
+    return await asyncio.to_thread(func, *args, **kwargs)
+
+
+async def test_configure_sets_up_providers_from_env(server: LLMServer, tmp_path: Path) -> None:
+    out = await _in_thread(
+        run_script, tmp_path, server.url(), "import llm_latency; llm_latency.instrument()",
+        OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none",
+        OTEL_SERVICE_NAME="configured-by-env",
+    )  # fmt: skip
+    assert '"name": "http.wait"' in out
+    assert '"name": "GET /v1/chat/completions"' in out
+    assert "configured-by-env" in out
+
+
+async def test_configure_keeps_a_provider_already_set(server: LLMServer, tmp_path: Path) -> None:
+    setup = textwrap.dedent("""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, ConsoleSpanExporter
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
+            formatter=lambda span: "MINE " + span.name + "\\n")))
+        trace.set_tracer_provider(provider)
+        import llm_latency; llm_latency.instrument()
+    """)
+    out = await _in_thread(
+        run_script, tmp_path, server.url(), setup,
+        OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none",
+    )  # fmt: skip
+    assert "MINE http.wait" in out
+    assert '"name"' not in out  # no second, env-configured exporter
+
+
+async def test_entry_point_under_opentelemetry_instrument(
+    server: LLMServer, tmp_path: Path
+) -> None:
+    out = await _in_thread(
+        run_script, tmp_path, server.url(), "",
+        str(Path(sys.executable).with_name("opentelemetry-instrument")),
+        OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none",
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="aiohttp-client",
+    )  # fmt: skip
+    assert '"name": "http.wait"' in out
+    assert '"llm_latency.phase": "receive"' in out
