@@ -21,6 +21,7 @@ from opentelemetry.trace import (
 
 from llm_latency import headers as hdr
 from llm_latency import semconv as sc
+from llm_latency.metrics import AttemptMetrics
 from llm_latency.timeline import PHASE_NAMES, WAIT, Timeline
 from llm_latency.urls import redact, route_template
 
@@ -51,41 +52,7 @@ class Emitter:
         self._wanted = frozenset(capture_headers)
         self._header_attrs = {name: hdr.attribute_name(name) for name in capture_headers}
         self._failure_logged = False
-        self._request_duration = meter.create_histogram(
-            sc.HTTP_CLIENT_REQUEST_DURATION,
-            unit="s",
-            description="Duration of HTTP client requests, to the end of the body or stream.",
-            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
-        )
-        self._phase_duration = meter.create_histogram(
-            sc.PHASE_DURATION,
-            unit="s",
-            description="Time an HTTP attempt spent in each phase.",
-            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
-        )
-        self._time_to_first_chunk = meter.create_histogram(
-            sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
-            unit="s",
-            description="Time from the start of a streamed request to its first body chunk.",
-            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
-        )
-        self.retries = meter.create_counter(
-            sc.RETRIES, unit="{retry}", description="Attempts that were retried."
-        )
-        self._rate_limited = meter.create_counter(
-            sc.RATE_LIMITED, unit="{response}", description="Responses with status 429."
-        )
-        self._connections = meter.create_counter(
-            sc.CONNECTIONS,
-            unit="{attempt}",
-            description="Attempts, by whether they ran on a pooled (reused) connection.",
-        )
-        self._ratelimit_remaining = meter.create_gauge(
-            sc.RATELIMIT_REMAINING,
-            unit="{unit}",
-            description="Requests or tokens left in the current rate-limit window.",
-        )
-        self._phase_attrs: dict[tuple[int, str], dict[str, str]] = {}
+        self.metrics = AttemptMetrics(meter)
 
     # -- start --------------------------------------------------------------------------------
 
@@ -202,7 +169,7 @@ class Emitter:
 
         host = tl.host
         ctx = set_span_in_context(span)
-        self._emit_phases(tl, span, ctx, host, error)
+        self._emit_phases(tl, ctx, host, error)
 
         if error is not None:
             if tl.failed_phase is None or not self.phase_spans:
@@ -212,24 +179,19 @@ class Emitter:
             span.set_status(Status(StatusCode.ERROR))
         span.end(tl.to_epoch_ns(tl.end_ns))
 
-        self._record_metrics(tl, ctx, host, found, status, err_type, ttfc)
+        self._record_metrics(tl, ctx, found, status, err_type, ttfc)
 
     def _emit_phases(
-        self, tl: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None
+        self, tl: Timeline, ctx: Context, host: str, error: BaseException | None
     ) -> None:
         tracer = self._tracer
-        record = self._phase_duration.record
-        phase_attrs = self._phase_attrs
+        record = self.metrics.phase
         for phase, name in enumerate(PHASE_NAMES):
             bounds = tl.span_of(phase)
             if bounds is None:
                 continue
             start, end = bounds
-            key = (phase, host)
-            metric_attrs = phase_attrs.get(key)
-            if metric_attrs is None:
-                metric_attrs = phase_attrs[key] = {sc.PHASE: name, sc.SERVER_ADDRESS: host}
-            record((end - start) / 1e9, metric_attrs, ctx)
+            record(name, host, (end - start) / 1e9, ctx)
             if not self.phase_spans:
                 continue
             child = tracer.start_span(
@@ -249,37 +211,29 @@ class Emitter:
         self,
         tl: Timeline,
         ctx: Context,
-        host: str,
         found: dict[str, list[str]],
         status: int | None,
         err_type: str | None,
         ttfc: float | None,
     ) -> None:
+        host = tl.host
         method = tl.method
-        duration_attrs: dict[str, Any] = {
+        attributes: dict[str, Any] = {
             sc.HTTP_REQUEST_METHOD: method if method in sc.KNOWN_METHODS else "_OTHER",
             sc.SERVER_ADDRESS: host,
         }
         if tl.port is not None:
-            duration_attrs[sc.SERVER_PORT] = tl.port
+            attributes[sc.SERVER_PORT] = tl.port
         if status is not None:
-            duration_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
+            attributes[sc.HTTP_RESPONSE_STATUS_CODE] = status
         if err_type is not None:
-            duration_attrs[sc.ERROR_TYPE] = err_type
-        self._request_duration.record(tl.duration, duration_attrs, ctx)
-        host_attrs = {sc.SERVER_ADDRESS: host}
-        if ttfc is not None:
-            self._time_to_first_chunk.record(ttfc, host_attrs, ctx)
-        if status == 429:
-            self._rate_limited.add(1, host_attrs, ctx)
-        if tl.reused is not None:
-            self._connections.add(1, {sc.SERVER_ADDRESS: host, sc.CONNECTION_REUSED: tl.reused})
+            attributes[sc.ERROR_TYPE] = err_type
+        metrics = self.metrics
+        metrics.attempt(tl.duration, attributes, host, status, tl.reused, ttfc, ctx)
         for header, kind in hdr.RATELIMIT_REMAINING_HEADERS.items():
             remaining = hdr.parse_number(hdr.first(found, header))
             if remaining is not None:
-                self._ratelimit_remaining.set(
-                    remaining, {sc.SERVER_ADDRESS: host, sc.RATELIMIT_KIND: kind}
-                )
+                metrics.ratelimit(host, kind, remaining)
 
     def failed_once(self, what: str) -> None:
         """Log a fault inside the plugin, once per emitter."""

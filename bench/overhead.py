@@ -1,0 +1,255 @@
+"""What llm-latency costs per request, side by side with the official instrumentation.
+
+Runs a loopback server in its own process, then, for several rounds, each mode in a fresh
+interpreter: bare aiohttp; aiohttp with ``opentelemetry-instrumentation-aiohttp-client``;
+aiohttp with llm-latency (phase spans on, and off). Both instrumentations export through the
+SDK's ``BatchSpanProcessor`` to an exporter that drops spans, with metrics on (a periodic
+reader with a dropping exporter). Each worker makes sequential requests on one pooled session
+and reports its process CPU time and wall time per request; the table gives medians over rounds
+and the cost each mode adds over bare aiohttp.
+
+    python bench/overhead.py            # full run (about two minutes on 2 cores)
+    python bench/overhead.py --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MODES = ("bare", "otel-contrib", "llm-latency", "llm-latency-no-phase-spans")
+WORKLOADS = {"json": {"requests": 400, "warmup": 50}, "stream100": {"requests": 80, "warmup": 10}}
+EVENTS = 100
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+def serve(port_file: str) -> None:
+    from aiohttp import web
+
+    body = json.dumps({"id": "chatcmpl-1", "choices": [{"message": {"content": "hi" * 50}}]})
+    event = b'data: {"choices": [{"delta": {"content": "tok"}}]}\n\n'
+    headers = {"x-request-id": "req_1", "openai-processing-ms": "1",
+               "x-ratelimit-remaining-requests": "99"}  # fmt: skip
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if request.query.get("stream") != "1":
+            return web.Response(text=body, content_type="application/json", headers=headers)
+        response = web.StreamResponse(headers=headers)
+        response.content_type = "text/event-stream"
+        await response.prepare(request)
+        for _ in range(EVENTS):
+            await response.write(event)
+            await asyncio.sleep(0)
+        await response.write_eof()
+        return response
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        Path(port_file).write_text(str(port))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+# -- a worker: one mode, one workload, in a fresh interpreter ----------------------------------
+
+
+def work(mode: str, workload: str, port: int) -> dict[str, Any]:
+    import aiohttp
+
+    if mode != "bare":
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import (
+            MetricExporter,
+            MetricExportResult,
+            PeriodicExportingMetricReader,
+        )
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+
+        class DropSpans(SpanExporter):
+            def export(self, spans: Sequence[Any]) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        class DropMetrics(MetricExporter):
+            def export(self, metrics_data: Any, timeout_millis: float = 0, **kw: Any) -> Any:
+                return MetricExportResult.SUCCESS
+
+            def force_flush(self, timeout_millis: float = 0) -> bool:
+                return True
+
+            def shutdown(self, timeout_millis: float = 0, **kwargs: Any) -> None:
+                return None
+
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(BatchSpanProcessor(DropSpans()))
+        reader = PeriodicExportingMetricReader(DropMetrics(), export_interval_millis=1000)
+        meter_provider = MeterProvider(metric_readers=[reader])
+        if mode == "otel-contrib":
+            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+
+            AioHttpClientInstrumentor().instrument(
+                tracer_provider=tracer_provider, meter_provider=meter_provider
+            )
+        else:
+            import llm_latency
+
+            llm_latency.instrument(
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
+                phase_spans=mode == "llm-latency",
+                configure=False,
+            )
+
+    spec = WORKLOADS[workload]
+    stream = workload.startswith("stream")
+    url = f"http://127.0.0.1:{port}/v1/chat/completions" + ("?stream=1" if stream else "")
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}
+    chunks = 0
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal chunks
+        async with session.post(url, json=payload) as response:
+            if stream:
+                async for _ in response.content.iter_any():
+                    chunks += 1
+            else:
+                await response.read()
+
+    async def main() -> tuple[float, float]:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(spec["warmup"]):
+                await one(session)
+            nonlocal chunks
+            chunks = 0
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for _ in range(spec["requests"]):
+                await one(session)
+            return time.process_time() - cpu0, time.perf_counter() - wall0
+
+    cpu, wall = asyncio.run(main())
+    n = spec["requests"]
+    return {"cpu_us": cpu / n * 1e6, "wall_us": wall / n * 1e6, "chunks": chunks / n}
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+
+def run_worker(mode: str, workload: str, port: int) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", mode, workload, str(port)],
+        capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one round, fewer requests")
+    parser.add_argument("--json", type=Path, help="also write the medians here")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    if args.worker:
+        mode, workload, port = args.worker
+        if os.environ.get("BENCH_QUICK"):
+            for spec in WORKLOADS.values():
+                spec["requests"] //= 8
+                spec["warmup"] //= 5
+        print(json.dumps(work(mode, workload, int(port))))
+        return
+
+    rounds = 1 if args.quick else args.rounds
+    if args.quick:
+        os.environ["BENCH_QUICK"] = "1"
+    port_file = Path(f"/tmp/llm-latency-bench-{os.getpid()}.port")
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
+    try:
+        for _ in range(100):
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for round_no in range(rounds):
+            for workload in WORKLOADS:
+                # Rotate the order each round so no mode always runs first.
+                order = MODES[round_no % len(MODES) :] + MODES[: round_no % len(MODES)]
+                for mode in order:
+                    samples.setdefault((workload, mode), []).append(
+                        run_worker(mode, workload, port)
+                    )
+            print(f"round {round_no + 1}/{rounds} done", file=sys.stderr)
+    finally:
+        server.terminate()
+        server.wait()
+        port_file.unlink(missing_ok=True)
+    report(samples, args.json)
+
+
+def report(samples: dict[tuple[str, str], list[dict[str, Any]]], json_path: Path | None) -> None:
+    medians: dict[str, dict[str, dict[str, float]]] = {}
+    for (workload, mode), runs in samples.items():
+        medians.setdefault(workload, {})[mode] = {
+            key: statistics.median(run[key] for run in runs) for key in runs[0]
+        }
+    print("| workload | mode | CPU µs/request | added CPU µs | wall µs/request | added wall µs |")
+    print("|---|---|---:|---:|---:|---:|")
+    for workload, modes in medians.items():
+        bare = modes["bare"]
+        for mode in MODES:
+            m = modes[mode]
+            print(
+                f"| {workload} | {mode} | {m['cpu_us']:.1f} | {m['cpu_us'] - bare['cpu_us']:+.1f}"
+                f" | {m['wall_us']:.1f} | {m['wall_us'] - bare['wall_us']:+.1f} |"
+            )
+    print()
+    for workload, modes in medians.items():
+        bare = modes["bare"]["cpu_us"]
+        official = modes["otel-contrib"]["cpu_us"] - bare
+        for mode in ("llm-latency", "llm-latency-no-phase-spans"):
+            ours = modes[mode]["cpu_us"] - bare
+            print(f"{workload}: {mode} added CPU / otel-contrib added CPU = {ours / official:.2f}")
+    json_stream = medians.get("stream100")
+    json_plain = medians.get("json")
+    if json_stream and json_plain:
+        chunks = json_stream["llm-latency"]["chunks"]
+        per_request = json_plain["llm-latency"]["cpu_us"] - json_plain["bare"]["cpu_us"]
+        streamed = json_stream["llm-latency"]["cpu_us"] - json_stream["bare"]["cpu_us"]
+        print(
+            f"stream100: {chunks:.0f} chunks/request; added CPU per chunk beyond the "
+            f"per-request cost = {(streamed - per_request) / chunks:.2f} µs"
+        )
+    if json_path:
+        json_path.write_text(json.dumps(medians, indent=2))
+
+
+if __name__ == "__main__":
+    main()

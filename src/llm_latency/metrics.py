@@ -1,0 +1,126 @@
+"""The metrics of DESIGN.md, recorded once per finished attempt.
+
+Histograms go through the SDK on each attempt (they carry trace exemplars). Counters and the
+rate-limit gauge are kept as in-process tallies and reported by observable instruments when the
+SDK collects: a sum or a last value read once per export interval is exactly what recording it
+on every attempt would export, at a fraction of the cost on the request path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from llm_latency import semconv as sc
+
+Attributes = tuple[tuple[str, Any], ...]
+
+
+class _Tallies:
+    """Thread-safe running totals (or last values) per attribute set."""
+
+    def __init__(self) -> None:
+        self._values: dict[Attributes, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, key: Attributes, amount: float = 1) -> None:
+        with self._lock:
+            self._values[key] = self._values.get(key, 0) + amount
+
+    def set(self, key: Attributes, value: float) -> None:
+        self._values[key] = value  # a single store: atomic, last writer wins
+
+    def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            items = list(self._values.items())
+        return [Observation(value, dict(key)) for key, value in items]
+
+
+class AttemptMetrics:
+    """Creates the instruments on a meter and records finished attempts into them."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.request_duration = meter.create_histogram(
+            sc.HTTP_CLIENT_REQUEST_DURATION,
+            unit="s",
+            description="Duration of HTTP client requests, to the end of the body or stream.",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+        )
+        self.phase_duration = meter.create_histogram(
+            sc.PHASE_DURATION,
+            unit="s",
+            description="Time an HTTP attempt spent in each phase.",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+        )
+        self.time_to_first_chunk = meter.create_histogram(
+            sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+            unit="s",
+            description="Time from the start of a streamed request to its first body chunk.",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+        )
+        self.retries = _Tallies()
+        self.rate_limited = _Tallies()
+        self.connections = _Tallies()
+        self.ratelimit_remaining = _Tallies()
+        meter.create_observable_counter(
+            sc.RETRIES,
+            [self.retries.observe],
+            unit="{retry}",
+            description="Attempts that were retried, by what caused the retry.",
+        )
+        meter.create_observable_counter(
+            sc.RATE_LIMITED,
+            [self.rate_limited.observe],
+            unit="{response}",
+            description="Responses with status 429.",
+        )
+        meter.create_observable_counter(
+            sc.CONNECTIONS,
+            [self.connections.observe],
+            unit="{attempt}",
+            description="Attempts, by whether they ran on a pooled (reused) connection.",
+        )
+        meter.create_observable_gauge(
+            sc.RATELIMIT_REMAINING,
+            [self.ratelimit_remaining.observe],
+            unit="{unit}",
+            description="Requests or tokens left in the current rate-limit window.",
+        )
+        self._phase_attributes: dict[tuple[str, str], dict[str, str]] = {}
+
+    def phase(self, phase: str, host: str, seconds: float, context: Context) -> None:
+        """Record the time one attempt spent in ``phase``."""
+        key = (phase, host)
+        attributes = self._phase_attributes.get(key)
+        if attributes is None:
+            attributes = self._phase_attributes[key] = {sc.PHASE: phase, sc.SERVER_ADDRESS: host}
+        self.phase_duration.record(seconds, attributes, context)
+
+    def attempt(
+        self,
+        seconds: float,
+        attributes: dict[str, Any],
+        host: str,
+        status: int | None,
+        reused: bool | None,
+        time_to_first_chunk: float | None,
+        context: Context,
+    ) -> None:
+        """Record one finished attempt: duration, first chunk, 429s, connection reuse."""
+        self.request_duration.record(seconds, attributes, context)
+        if time_to_first_chunk is not None:
+            self.time_to_first_chunk.record(time_to_first_chunk, {sc.SERVER_ADDRESS: host}, context)
+        if status == 429:
+            self.rate_limited.add(((sc.SERVER_ADDRESS, host),))
+        if reused is not None:
+            self.connections.add(((sc.SERVER_ADDRESS, host), (sc.CONNECTION_REUSED, reused)))
+
+    def ratelimit(self, host: str, kind: str, remaining: float) -> None:
+        """The latest rate-limit remaining value for ``host`` (requests or tokens)."""
+        self.ratelimit_remaining.set(
+            ((sc.SERVER_ADDRESS, host), (sc.RATELIMIT_KIND, kind)), remaining
+        )
