@@ -22,12 +22,12 @@ from opentelemetry.trace import (
 from llm_latency import headers as hdr
 from llm_latency import semconv as sc
 from llm_latency.metrics import AttemptMetrics
+from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.timeline import PHASE_NAMES, WAIT, Timeline
 from llm_latency.urls import redact, route_template
 
 _logger = logging.getLogger(__name__)
 
-_INTERNAL = SpanKind.INTERNAL
 _CLIENT = SpanKind.CLIENT
 
 
@@ -53,6 +53,7 @@ class Emitter:
         self._header_attrs = {name: hdr.attribute_name(name) for name in capture_headers}
         self._failure_logged = False
         self.metrics = AttemptMetrics(meter)
+        self._phase_writer = PhaseSpanWriter(tracer)
 
     # -- start --------------------------------------------------------------------------------
 
@@ -169,7 +170,7 @@ class Emitter:
 
         host = tl.host
         ctx = set_span_in_context(span)
-        self._emit_phases(tl, ctx, host, error)
+        self._emit_phases(tl, span, ctx, host, error)
 
         if error is not None:
             if tl.failed_phase is None or not self.phase_spans:
@@ -182,29 +183,30 @@ class Emitter:
         self._record_metrics(tl, ctx, found, status, err_type, ttfc)
 
     def _emit_phases(
-        self, tl: Timeline, ctx: Context, host: str, error: BaseException | None
+        self, tl: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None
     ) -> None:
-        tracer = self._tracer
         record = self.metrics.phase
+        writer = self._phase_writer
+        emit_spans = self.phase_spans and span.is_recording()
+        fast_parent = writer.fast_path(span) if emit_spans else None
+        failed = tl.failed_phase if error is not None else None
         for phase, name in enumerate(PHASE_NAMES):
             bounds = tl.span_of(phase)
             if bounds is None:
                 continue
             start, end = bounds
             record(name, host, (end - start) / 1e9, ctx)
-            if not self.phase_spans:
+            if not emit_spans:
                 continue
-            child = tracer.start_span(
-                sc.PHASE_SPAN_NAMES[phase],
-                context=ctx,
-                kind=_INTERNAL,
-                attributes={sc.PHASE: name},
-                start_time=tl.to_epoch_ns(start),
-            )
-            if error is not None and phase == tl.failed_phase:
-                child.set_attribute(sc.ERROR_TYPE, error_type(error))
+            if fast_parent is not None and phase != failed:
+                writer.write(phase, fast_parent, tl.to_epoch_ns(start), tl.to_epoch_ns(end))
+                continue
+            child = writer.start(phase, ctx, tl.to_epoch_ns(start))
+            if error is not None and phase == failed:
+                kind = error_type(error)
+                child.set_attribute(sc.ERROR_TYPE, kind)
                 child.record_exception(error)
-                child.set_status(Status(StatusCode.ERROR, error_type(error)))
+                child.set_status(Status(StatusCode.ERROR, kind))
             child.end(tl.to_epoch_ns(end))
 
     def _record_metrics(

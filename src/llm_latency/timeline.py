@@ -58,7 +58,6 @@ class Timeline:
         "method",
         "port",
         "protocol_version",
-        "request",
         "resend_count",
         "response_headers",
         "reused",
@@ -82,7 +81,6 @@ class Timeline:
         self.end_ns = 0
         self.ended = False
         self.span: Any = None
-        self.request: Any = None
         self.status_code: int | None = None
         self.protocol_version: str | None = None
         self.response_headers: RawHeaders | None = None

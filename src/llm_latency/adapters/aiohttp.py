@@ -196,7 +196,6 @@ class AiohttpAdapter:
                 attempt = Timeline(req.method, str(url))
                 attempt.resend_count = call.attempts + _retry_count(req.headers)
                 call.attempts += 1
-                attempt.request = req
                 emitter.start(
                     attempt, url.raw_host or "", url.port, url.raw_path, req.headers, call.last
                 )
