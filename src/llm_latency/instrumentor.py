@@ -33,6 +33,8 @@ class Adapter(Protocol):
 # client name -> (module whose presence means the client is installed, adapter "module:Class")
 CLIENTS: dict[str, tuple[str, str]] = {
     "aiohttp": ("aiohttp", "llm_latency.adapters.aiohttp:AiohttpAdapter"),
+    "httpx": ("httpcore", "llm_latency.adapters.httpcore:HttpxAdapter"),
+    "httpx2": ("httpcore2", "llm_latency.adapters.httpcore:Httpx2Adapter"),
 }
 
 

@@ -1,0 +1,413 @@
+"""The httpcore adapter, for httpcore (under httpx) and httpcore2 (under httpx2, and so under
+openai>=3 and anthropic>=2): one module, two libraries that share the ``trace`` extension.
+
+How each phase is observed (patches are on classes, so clients and transports created before
+``instrument()`` are covered):
+
+- an *attempt* is one call of ``ConnectionPool.handle_request`` /
+  ``AsyncConnectionPool.handle_async_request``: the request span starts there,
+  ``traceparent`` is added to the request headers, and a ``trace`` callback is put on the
+  request (chained to one the program set);
+- ``queue``: ``PoolRequest.wait_for_connection`` when the request was not given a connection at
+  once (the pool's ``max_connections`` was reached);
+- ``connect``: the ``connect_tcp`` trace events; ``dns``: the resolver call made inside it
+  (see ``_resolver``);
+- ``tls``: the ``start_tls`` events;
+- ``send``: ``send_request_headers.started`` to ``send_request_body.complete``;
+- ``wait``: from there to ``receive_response_headers.complete``;
+- ``receive``: from the headers until the response stream is exhausted or closed. httpcore reads
+  the socket only when the program reads the body, so chunk times are the times the program
+  received them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
+
+from llm_latency.adapters._patching import Patches
+from llm_latency.adapters._resolver import connecting, resolver_hooks
+from llm_latency.emitter import Emitter
+from llm_latency.sse import SSECounter
+from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, _now
+
+_RETRY_COUNT = b"x-stainless-retry-count"
+_DEFAULT_PORTS = {b"http": 80, b"https": 443, b"ws": 80, b"wss": 443}
+
+
+def _retry_count(headers: list[tuple[bytes, bytes]]) -> int:
+    for name, value in headers:
+        if name.lower() == _RETRY_COUNT:
+            try:
+                return max(int(value), 0)
+            except ValueError:
+                return 0
+    return 0
+
+
+def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.lower().startswith(b"text/event-stream")
+    return False
+
+
+# -- trace events -> timeline ------------------------------------------------------------------
+
+
+def _connect_started(attempt: Timeline, info: dict[str, Any]) -> None:
+    attempt.reused = False
+    attempt.begin(CONNECT)
+    connecting.set(attempt)
+
+
+def _connect_done(attempt: Timeline, info: dict[str, Any]) -> None:
+    connecting.set(None)
+    if attempt.current_phase == CONNECT:
+        attempt.finish(CONNECT)
+
+
+def _connect_failed(attempt: Timeline, info: dict[str, Any]) -> None:
+    connecting.set(None)
+
+
+def _tls_started(attempt: Timeline, info: dict[str, Any]) -> None:
+    attempt.begin(TLS)
+
+
+def _tls_done(attempt: Timeline, info: dict[str, Any]) -> None:
+    attempt.finish(TLS)
+
+
+def _send_started(attempt: Timeline, info: dict[str, Any]) -> None:
+    if attempt.reused is None:
+        attempt.reused = True
+    attempt.begin(SEND)
+
+
+def _sent(attempt: Timeline, info: dict[str, Any]) -> None:
+    now = _now()
+    attempt.finish(SEND, now)
+    attempt.begin(WAIT, now)
+
+
+def _headers_received(attempt: Timeline, info: dict[str, Any]) -> None:
+    now = _now()
+    if attempt.current_phase == WAIT:
+        attempt.finish(WAIT, now)
+    attempt.begin(RECEIVE, now)
+    result = info.get("return_value")
+    if not isinstance(result, tuple):
+        return
+    if len(result) == 4:  # HTTP/1.1: (http_version, status, reason, headers)
+        version, status, _, headers = result
+        attempt.protocol_version = version.decode("ascii", "replace").removeprefix("HTTP/")
+    else:  # HTTP/2: (status, headers)
+        status, headers = result
+        attempt.protocol_version = "2"
+    attempt.status_code = status
+    attempt.response_headers = headers
+    if _is_event_stream(headers):
+        attempt.sse = SSECounter()
+
+
+_EVENTS: dict[str, Callable[[Timeline, dict[str, Any]], None]] = {
+    "connect_tcp.started": _connect_started,
+    "connect_tcp.complete": _connect_done,
+    "connect_tcp.failed": _connect_failed,
+    "connect_unix_socket.started": _connect_started,
+    "connect_unix_socket.complete": _connect_done,
+    "connect_unix_socket.failed": _connect_failed,
+    "start_tls.started": _tls_started,
+    "start_tls.complete": _tls_done,
+    "send_request_headers.started": _send_started,
+    "send_request_body.complete": _sent,
+    "receive_response_headers.complete": _headers_received,
+}
+
+
+def _on_event(attempt: Timeline, name: str, info: dict[str, Any]) -> None:
+    handler = _EVENTS.get(name.partition(".")[2])
+    if handler is not None and not attempt.ended:
+        handler(attempt, info)
+
+
+class _SyncTrace:
+    """The ``trace`` callback of one attempt; calls the program's own callback after it."""
+
+    __slots__ = ("attempt", "inner")
+
+    def __init__(self, attempt: Timeline, inner: Callable[..., Any] | None) -> None:
+        self.attempt = attempt
+        self.inner = inner
+
+    def __call__(self, name: str, info: dict[str, Any]) -> None:
+        _on_event(self.attempt, name, info)
+        if self.inner is not None:
+            self.inner(name, info)
+
+
+class _AsyncTrace(_SyncTrace):
+    """The ``trace`` callback of an async attempt (httpcore awaits it)."""
+
+    __slots__ = ()
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:  # type: ignore[override]
+        _on_event(self.attempt, name, info)
+        if self.inner is not None:
+            await self.inner(name, info)
+
+
+def _program_trace(extensions: dict[str, Any]) -> Any:
+    """The program's own ``trace`` callback, under any of ours left by an earlier send."""
+    existing = extensions.get("trace")
+    while isinstance(existing, _SyncTrace):
+        existing = existing.inner
+    return existing
+
+
+# -- response streams --------------------------------------------------------------------------
+
+
+class _SyncStream:
+    """The response body as httpcore gives it, timed chunk by chunk; ends the attempt."""
+
+    def __init__(self, stream: Any, attempt: Timeline, emitter: Emitter) -> None:
+        self._stream = stream
+        self._attempt = attempt
+        self._emitter = emitter
+
+    def __iter__(self) -> Iterator[bytes]:
+        attempt = self._attempt
+        try:
+            for chunk in self._stream:
+                attempt.chunk(chunk)
+                yield chunk
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            if not attempt.ended:
+                attempt.fail(exc)
+                self._emitter.finish(attempt)
+            raise
+        self._emitter.finish(attempt)
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._emitter.finish(self._attempt)
+
+
+class _AsyncStream:
+    """The async twin of :class:`_SyncStream`."""
+
+    def __init__(self, stream: Any, attempt: Timeline, emitter: Emitter) -> None:
+        self._stream = stream
+        self._attempt = attempt
+        self._emitter = emitter
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        attempt = self._attempt
+        try:
+            async for chunk in self._stream:
+                attempt.chunk(chunk)
+                yield chunk
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            if not attempt.ended:
+                attempt.fail(exc)
+                self._emitter.finish(attempt)
+            raise
+        self._emitter.finish(attempt)
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            self._emitter.finish(self._attempt)
+
+
+# -- the adapter -------------------------------------------------------------------------------
+
+
+class HttpcoreAdapter:
+    """Patches one httpcore-like library (``httpcore`` or ``httpcore2``)."""
+
+    def __init__(self, emitter: Emitter, module: str) -> None:
+        self.name = module
+        self._emitter = emitter
+        self._module = importlib.import_module(module)
+        self._patches = Patches()
+        self._resolver_acquired = False
+
+    def install(self) -> None:
+        """Patch the connection pools (and their proxy subclasses, which inherit from them)."""
+        hc = self._module
+        p = self._patches
+        sync_pool, async_pool = hc.ConnectionPool, hc.AsyncConnectionPool
+        p.replace(sync_pool, "handle_request", self._wrap_sync(sync_pool.handle_request))
+        p.replace(
+            async_pool,
+            "handle_async_request",
+            self._wrap_async(async_pool.handle_async_request),
+        )
+        sync_wait = importlib.import_module(f"{hc.__name__}._sync.connection_pool").PoolRequest
+        async_wait = importlib.import_module(
+            f"{hc.__name__}._async.connection_pool"
+        ).AsyncPoolRequest
+        p.replace(sync_wait, "wait_for_connection", _wrap_sync_wait(sync_wait.wait_for_connection))
+        p.replace(
+            async_wait, "wait_for_connection", _wrap_async_wait(async_wait.wait_for_connection)
+        )
+        resolver_hooks.acquire()
+        self._resolver_acquired = True
+
+    def uninstall(self) -> None:
+        """Undo every patch. Responses in flight still end when they are closed."""
+        self._patches.restore()
+        if self._resolver_acquired:
+            self._resolver_acquired = False
+            resolver_hooks.release()
+
+    def _begin(self, request: Any, trace_factory: Callable[..., Any]) -> Timeline | None:
+        """Start the attempt for an httpcore request, or None if it must not be traced."""
+        try:
+            url = request.url
+            scheme = url.scheme
+            host = url.host.decode("ascii", "replace")
+            port = url.port
+            netloc = f"[{host}]" if ":" in host else host
+            if port is not None:
+                netloc = f"{netloc}:{port}"
+            target = url.target.decode("ascii", "replace")
+            attempt = Timeline(
+                request.method.decode("ascii", "replace"),
+                f"{scheme.decode('ascii', 'replace')}://{netloc}{target}",
+            )
+            attempt.resend_count = _retry_count(request.headers)
+            carrier: dict[str, str] = {}
+            self._emitter.start(
+                attempt,
+                host,
+                port if port is not None else _DEFAULT_PORTS.get(scheme),
+                target.partition("?")[0],
+                carrier,
+            )
+            for name, value in carrier.items():
+                request.headers.append((name.encode("ascii"), value.encode("ascii")))
+            extensions = dict(request.extensions)
+            extensions["trace"] = trace_factory(attempt, _program_trace(extensions))
+            request.extensions = extensions
+        except Exception:
+            self._emitter.failed_once("httpcore request start")
+            return None
+        return attempt
+
+    def _wrap_sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        emitter = self._emitter
+        begin = self._begin
+
+        def handle_request(pool: Any, request: Any) -> Any:
+            if not is_http_instrumentation_enabled():
+                return original(pool, request)
+            attempt = begin(request, _SyncTrace)
+            if attempt is None:
+                return original(pool, request)
+            token = connecting.set(None)
+            try:
+                response = original(pool, request)
+            except BaseException as exc:
+                attempt.fail(exc)
+                emitter.finish(attempt)
+                raise
+            finally:
+                connecting.reset(token)
+            _attach(response, _SyncStream(response.stream, attempt, emitter), emitter, attempt)
+            return response
+
+        return handle_request
+
+    def _wrap_async(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+        emitter = self._emitter
+        begin = self._begin
+
+        async def handle_async_request(pool: Any, request: Any) -> Any:
+            if not is_http_instrumentation_enabled():
+                return await original(pool, request)
+            attempt = begin(request, _AsyncTrace)
+            if attempt is None:
+                return await original(pool, request)
+            token = connecting.set(None)
+            try:
+                response = await original(pool, request)
+            except BaseException as exc:
+                attempt.fail(exc)
+                emitter.finish(attempt)
+                raise
+            finally:
+                connecting.reset(token)
+            _attach(response, _AsyncStream(response.stream, attempt, emitter), emitter, attempt)
+            return response
+
+        return handle_async_request
+
+
+def _attach(response: Any, stream: Any, emitter: Emitter, attempt: Timeline) -> None:
+    try:
+        response.stream = stream
+    except Exception:
+        emitter.failed_once("httpcore response stream")
+        emitter.finish(attempt)
+
+
+def _wrap_sync_wait(original: Callable[..., Any]) -> Callable[..., Any]:
+    def wait_for_connection(pool_request: Any, *args: Any, **kwargs: Any) -> Any:
+        attempt = _queued_attempt(pool_request)
+        if attempt is None:
+            return original(pool_request, *args, **kwargs)
+        attempt.begin(QUEUE)
+        connection = original(pool_request, *args, **kwargs)
+        attempt.finish(QUEUE)
+        return connection
+
+    return wait_for_connection
+
+
+def _wrap_async_wait(original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    async def wait_for_connection(pool_request: Any, *args: Any, **kwargs: Any) -> Any:
+        attempt = _queued_attempt(pool_request)
+        if attempt is None:
+            return await original(pool_request, *args, **kwargs)
+        attempt.begin(QUEUE)
+        connection = await original(pool_request, *args, **kwargs)
+        attempt.finish(QUEUE)
+        return connection
+
+    return wait_for_connection
+
+
+def _queued_attempt(pool_request: Any) -> Timeline | None:
+    """The attempt of a request that has no connection yet (it will wait for one)."""
+    if pool_request.connection is not None:
+        return None
+    trace = pool_request.request.extensions.get("trace")
+    return trace.attempt if isinstance(trace, _SyncTrace) else None
+
+
+class HttpxAdapter(HttpcoreAdapter):
+    """httpx, through httpcore."""
+
+    def __init__(self, emitter: Emitter) -> None:
+        super().__init__(emitter, "httpcore")
+
+
+class Httpx2Adapter(HttpcoreAdapter):
+    """httpx2 (openai>=3, anthropic>=2), through httpcore2."""
+
+    def __init__(self, emitter: Emitter) -> None:
+        super().__init__(emitter, "httpcore2")
