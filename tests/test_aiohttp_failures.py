@@ -5,85 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from opentelemetry.trace import StatusCode
 
-import llm_latency
+from tests.checks import assert_failed, compare, full_backlog
 from tests.conftest import Telemetry
 from tests.servers import LLMServer, SilentServer, SlowDNS, unused_port
-
-
-@dataclass
-class Outcome:
-    kind: type[BaseException] | None
-    text: str
-
-
-async def run(scenario: Callable[[], Awaitable[Any]]) -> Outcome:
-    try:
-        await scenario()
-    except BaseException as exc:  # CancelledError included: that is the program's outcome
-        return Outcome(type(exc), str(exc))
-    return Outcome(None, "")
-
-
-async def compare(telemetry: Telemetry, scenario: Callable[[], Awaitable[Any]]) -> Outcome:
-    """Run ``scenario`` without and then with the plugin; both must end the same way."""
-    llm_latency.uninstrument()
-    bare = await run(scenario)
-    assert telemetry.spans() == []
-    telemetry.instrument()
-    traced = await run(scenario)
-    assert traced == bare
-    telemetry.assert_all_ended_once()
-    return traced
-
-
-def assert_failed(telemetry: Telemetry, phase: str, error_type: str) -> None:
-    request = telemetry.request()
-    assert request.attributes is not None
-    assert request.status.status_code is StatusCode.ERROR
-    assert request.attributes["llm_latency.failed_phase"] == phase
-    assert request.attributes["error.type"] == error_type
-    failed = telemetry.phases(request)[phase]
-    assert failed.status.status_code is StatusCode.ERROR
-    assert failed.attributes is not None
-    assert failed.attributes["error.type"] == error_type
-    (event,) = failed.events
-    assert event.name == "exception"
-    assert event.attributes is not None
-    assert str(event.attributes["exception.type"]).endswith(error_type)
-    later = [p for p in telemetry.phases(request).values() if p.start_time > failed.end_time]  # type: ignore[operator]
-    assert later == []
-
-
-@contextlib.contextmanager
-def full_backlog() -> Iterator[int]:
-    """A port whose listen backlog is full: a TCP connect to it hangs (SYNs are dropped)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(4):
-        filler = socket.socket()
-        filler.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            filler.connect(("127.0.0.1", port))
-        fillers.append(filler)
-    try:
-        yield port
-    finally:
-        for filler in fillers:
-            filler.close()
-        listener.close()
 
 
 def session(**kwargs: Any) -> aiohttp.ClientSession:

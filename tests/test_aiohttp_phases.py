@@ -8,30 +8,9 @@ import ssl
 
 import aiohttp
 
+from tests.checks import SLACK, assert_about, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.servers import HoldingProxy, LLMServer, SlowDNS
-
-# A phase lasts at least its injected delay, and not much more on a loaded machine.
-SLACK = 0.3
-EARLY = 0.005  # timers may fire this much early
-
-
-def assert_about(value: float, expected: float) -> None:
-    assert expected - EARLY <= value <= expected + SLACK, (value, expected)
-
-
-def assert_tiles(telemetry: Telemetry) -> None:
-    """Phases are in order, do not overlap, and lie within their request span."""
-    for request in telemetry.requests():
-        phases = sorted(telemetry.phases(request).values(), key=lambda s: s.start_time or 0)
-        assert request.start_time is not None and request.end_time is not None
-        previous_end = request.start_time
-        for phase in phases:
-            assert phase.start_time is not None and phase.end_time is not None
-            assert phase.start_time >= previous_end, phase.name
-            assert phase.end_time >= phase.start_time
-            previous_end = phase.end_time
-        assert previous_end <= request.end_time
 
 
 async def test_fresh_connection_has_dns_connect_send_wait_receive(

@@ -370,7 +370,7 @@ def _wrap_sync_wait(original: Callable[..., Any]) -> Callable[..., Any]:
         attempt = _queued_attempt(pool_request)
         if attempt is None:
             return original(pool_request, *args, **kwargs)
-        attempt.begin(QUEUE)
+        attempt.resume(QUEUE)  # a request may wait more than once; the phase spans all
         connection = original(pool_request, *args, **kwargs)
         attempt.finish(QUEUE)
         return connection
@@ -383,7 +383,7 @@ def _wrap_async_wait(original: Callable[..., Awaitable[Any]]) -> Callable[..., A
         attempt = _queued_attempt(pool_request)
         if attempt is None:
             return await original(pool_request, *args, **kwargs)
-        attempt.begin(QUEUE)
+        attempt.resume(QUEUE)  # a request may wait more than once; the phase spans all
         connection = await original(pool_request, *args, **kwargs)
         attempt.finish(QUEUE)
         return connection

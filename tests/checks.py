@@ -1,0 +1,104 @@
+"""Assertions shared by the client tests: phase durations against injected delays, phases
+tiling their request span, failure outcomes compared with and without the plugin."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.trace import StatusCode
+
+import llm_latency
+from tests.conftest import Telemetry
+
+# A phase lasts at least its injected delay, and not much more on a loaded 2-core machine.
+SLACK = 0.3
+EARLY = 0.005  # timers may fire this much early
+
+
+def assert_about(value: float, expected: float) -> None:
+    assert expected - EARLY <= value <= expected + SLACK, (value, expected)
+
+
+def assert_tiles(telemetry: Telemetry) -> None:
+    """Phases are in order, do not overlap, and lie within their request span."""
+    for request in telemetry.requests():
+        phases = sorted(telemetry.phases(request).values(), key=lambda s: s.start_time or 0)
+        assert request.start_time is not None and request.end_time is not None
+        previous_end = request.start_time
+        for phase in phases:
+            assert phase.start_time is not None and phase.end_time is not None
+            assert phase.start_time >= previous_end, phase.name
+            assert phase.end_time >= phase.start_time
+            previous_end = phase.end_time
+        assert previous_end <= request.end_time
+
+
+@dataclass
+class Outcome:
+    kind: type[BaseException] | None
+    text: str
+
+
+async def run(scenario: Callable[[], Awaitable[Any]]) -> Outcome:
+    try:
+        await scenario()
+    except BaseException as exc:  # CancelledError included: that is the program's outcome
+        return Outcome(type(exc), str(exc))
+    return Outcome(None, "")
+
+
+async def compare(telemetry: Telemetry, scenario: Callable[[], Awaitable[Any]]) -> Outcome:
+    """Run ``scenario`` without and then with the plugin; both must end the same way."""
+    llm_latency.uninstrument()
+    bare = await run(scenario)
+    assert telemetry.spans() == []
+    telemetry.instrument()
+    traced = await run(scenario)
+    assert traced == bare
+    telemetry.assert_all_ended_once()
+    return traced
+
+
+def assert_failed(telemetry: Telemetry, phase: str, error_type: str) -> None:
+    """The one request failed in ``phase`` with ``error_type``, recorded as DESIGN.md says."""
+    request = telemetry.request()
+    assert request.attributes is not None
+    assert request.status.status_code is StatusCode.ERROR
+    assert request.attributes["llm_latency.failed_phase"] == phase
+    assert request.attributes["error.type"] == error_type
+    failed = telemetry.phases(request)[phase]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes is not None
+    assert failed.attributes["error.type"] == error_type
+    (event,) = failed.events
+    assert event.name == "exception"
+    assert event.attributes is not None
+    assert str(event.attributes["exception.type"]).endswith(error_type)
+    later = [p for p in telemetry.phases(request).values() if p.start_time > failed.end_time]  # type: ignore[operator]
+    assert later == []
+
+
+@contextlib.contextmanager
+def full_backlog() -> Iterator[int]:
+    """A port whose listen backlog is full: a TCP connect to it hangs (SYNs are dropped)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    try:
+        yield port
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()

@@ -1,0 +1,147 @@
+"""httpx and httpx2 (sync and async): the same phase breakdown as for aiohttp, against delays
+injected by loopback peers, and the span ending when the body is read or closed."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+import llm_latency
+from tests.checks import SLACK, assert_about, assert_tiles
+from tests.conftest import Telemetry, seconds
+from tests.httpx_clients import KINDS, Client
+from tests.servers import HoldingProxy, LLMServer
+
+pytestmark = pytest.mark.parametrize("kind", KINDS)
+
+
+async def test_fresh_connection_phases(telemetry: Telemetry, server: LLMServer, kind: str) -> None:
+    async with Client(kind) as client:
+        result = await client.request(
+            "POST", server.url(host="localhost", wait=0.3, chunks=4, gap=0.1), json={"m": 1}
+        )
+    assert result.body.startswith(b"chunk0")
+    request = telemetry.request()
+    phases = telemetry.phases(request)
+    # "localhost" resolves from /etc/hosts: quick, but a lookup all the same.
+    assert set(phases) == {"dns", "connect", "send", "wait", "receive"}
+    assert_about(seconds(phases["wait"]), 0.3)
+    assert_about(seconds(phases["receive"]), 0.3)
+    assert_about(seconds(request), 0.6)
+    assert request.name == "POST /v1/chat/completions"
+    attrs = request.attributes
+    assert attrs is not None
+    assert attrs["server.address"] == "localhost"
+    assert attrs["server.port"] == server.port
+    assert attrs["llm_latency.connection.reused"] is False
+    assert attrs["http.response.status_code"] == 200
+    assert attrs["network.protocol.version"] == "1.1"
+    assert attrs["http.response.header.x-request-id"] == ("req_test_123",)
+    assert_tiles(telemetry)
+    assert "traceparent" in server.requests[-1]["headers"]
+
+
+async def test_pooled_and_ip_literal(telemetry: Telemetry, server: LLMServer, kind: str) -> None:
+    async with Client(kind) as client:
+        for _ in range(2):
+            await client.request("GET", server.url())
+    first, second = telemetry.requests()
+    assert set(telemetry.phases(first)) == {"connect", "send", "wait", "receive"}
+    assert set(telemetry.phases(second)) == {"send", "wait", "receive"}
+    assert second.attributes is not None
+    assert second.attributes["llm_latency.connection.reused"] is True
+
+
+async def test_tls_phase(
+    telemetry: Telemetry, tls_server: LLMServer, client_ssl: ssl.SSLContext, kind: str
+) -> None:
+    async with HoldingProxy(tls_server.port, delay=0.25) as proxy:
+        async with Client(kind, verify=client_ssl) as client:
+            url = f"https://localhost:{proxy.port}/v1/chat/completions"
+            result = await client.request("POST", url, json={})
+    assert result.status == 200
+    phases = telemetry.phases(telemetry.request())
+    assert {"dns", "connect", "tls", "send", "wait", "receive"} == set(phases)
+    assert_about(seconds(phases["tls"]), 0.25)
+    assert seconds(phases["connect"]) < 0.2
+    assert_tiles(telemetry)
+
+
+async def test_pool_limit_queues(telemetry: Telemetry, server: LLMServer, kind: str) -> None:
+    async with Client(kind, limits=_limits(kind, max_connections=1)) as client:
+        await asyncio.gather(*(client.request("GET", server.url(wait=0.2)) for _ in range(3)))
+    requests = telemetry.requests()
+    assert len(requests) == 3
+    queued = sorted(seconds(p["queue"]) for p in map(telemetry.phases, requests) if "queue" in p)
+    assert len(queued) == 2
+    assert_about(queued[0], 0.2)
+    assert_about(queued[1], 0.4)
+    assert_tiles(telemetry)
+
+
+async def test_streamed_completion(telemetry: Telemetry, server: LLMServer, kind: str) -> None:
+    async with Client(kind) as client:
+        result = await client.request(
+            "POST", server.url(wait=0.2, chunks=5, gap=0.1, sse=1), stream=True, json={}
+        )
+    assert result.lines[-2] == "data: [DONE]"
+    request = telemetry.request()
+    attrs = request.attributes
+    assert attrs is not None
+    assert 0.2 - 0.005 <= attrs["gen_ai.response.time_to_first_chunk"] <= 0.2 + SLACK
+    assert attrs["llm_latency.stream.events"] == 6
+    assert 0.1 - 0.005 <= attrs["llm_latency.stream.max_gap"] <= 0.1 + SLACK
+    assert_about(seconds(telemetry.phases(request)["receive"]), 0.4)
+    assert attrs["llm_latency.network_overhead"] < SLACK
+
+
+async def test_closed_early(telemetry: Telemetry, server: LLMServer, kind: str) -> None:
+    async with Client(kind) as client:
+        result = await client.request("GET", server.url(chunks=20, gap=0.1, sse=1), lines=1)
+    assert len(result.lines) == 1
+    request = telemetry.request()
+    assert seconds(request) < 1.0  # not the 1.9 s of the whole stream
+    assert request.status.status_code is StatusCode.UNSET
+
+
+async def test_program_trace_callback_still_called(
+    telemetry: Telemetry, server: LLMServer, kind: str
+) -> None:
+    seen: list[str] = []
+    if kind.endswith("async"):
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            seen.append(name)
+    else:
+
+        def trace(name: str, info: dict[str, Any]) -> None:  # type: ignore[misc]
+            seen.append(name)
+
+    async with Client(kind) as client:
+        for _ in range(2):  # the second send must not chain to our first callback
+            await client.request("GET", server.url(), extensions={"trace": trace})
+    assert seen.count("http11.receive_response_headers.complete") == 2
+    assert len(telemetry.requests()) == 2
+
+
+async def test_client_and_transport_made_before_instrument(server: LLMServer, kind: str) -> None:
+    module: Any = __import__(kind.split("-")[0])
+    transport_class = module.AsyncHTTPTransport if kind.endswith("async") else module.HTTPTransport
+    client = Client(kind, transport=transport_class(retries=0))
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        await client.request("GET", server.url())
+    finally:
+        llm_latency.uninstrument()
+        await client.close()
+    assert len(telemetry.requests()) == 1
+
+
+def _limits(kind: str, **kwargs: Any) -> Any:
+    module: Any = __import__(kind.split("-")[0])
+    return module.Limits(**kwargs)
