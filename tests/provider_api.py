@@ -63,8 +63,8 @@ def _openai_headers() -> dict[str, str]:
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
-    server: ProviderServer = request.app["server"]
-    server.seen_headers.append(dict(request.headers))
+    server = request.app[SERVER]
+    server.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
     body = await request.json()
     if (failure := _scripted_failure(request, server)) is not None:
         return failure
@@ -101,8 +101,8 @@ def _anthropic_headers() -> dict[str, str]:
 
 
 async def _messages(request: web.Request) -> web.StreamResponse:
-    server: ProviderServer = request.app["server"]
-    server.seen_headers.append(dict(request.headers))
+    server = request.app[SERVER]
+    server.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
     body = await request.json()
     if (failure := _scripted_failure(request, server)) is not None:
         return failure
@@ -138,18 +138,21 @@ async def _messages(request: web.Request) -> web.StreamResponse:
     return response
 
 
+SERVER = web.AppKey("server", ProviderServer)
+
+
 @contextlib.asynccontextmanager
 async def provider_server() -> AsyncIterator[ProviderServer]:
+    server = ProviderServer(0)
     app = web.Application()
+    app[SERVER] = server
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/messages", _messages)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    server = ProviderServer(port)
-    app["server"] = server
+    server.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
         yield server
     finally:

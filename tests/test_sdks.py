@@ -1,0 +1,213 @@
+"""The real openai and anthropic SDKs, sync and async, streamed and not, against a loopback
+provider-compatible server: one request span per attempt, with the provider's facts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+
+from tests.conftest import Telemetry, seconds
+from tests.provider_api import TOKEN_GAP, TOKENS, WAIT, ProviderServer, provider_server
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+OPENAI_KEY = "sk-openai-secret-key-4242"
+ANTHROPIC_KEY = "sk-ant-secret-key-4343"
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[ProviderServer]:
+    async with provider_server() as server:
+        yield server
+
+
+async def call(is_async: bool, work: Callable[[], Any]) -> Any:
+    """Run an SDK call: awaited for async clients, in a thread for sync ones."""
+    if is_async:
+        return await work()
+    return await asyncio.to_thread(work)
+
+
+def attributes(span: ReadableSpan) -> dict[str, Any]:
+    assert span.attributes is not None
+    return dict(span.attributes)
+
+
+def openai_client(provider: ProviderServer, is_async: bool, **kwargs: Any) -> Any:
+    factory = openai.AsyncOpenAI if is_async else openai.OpenAI
+    return factory(base_url=provider.openai_base, api_key=OPENAI_KEY, **kwargs)
+
+
+def anthropic_client(provider: ProviderServer, is_async: bool, **kwargs: Any) -> Any:
+    factory = anthropic.AsyncAnthropic if is_async else anthropic.Anthropic
+    return factory(base_url=provider.anthropic_base, api_key=ANTHROPIC_KEY, **kwargs)
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_openai_chat_completion(
+    telemetry: Telemetry, provider: ProviderServer, is_async: bool
+) -> None:
+    client = openai_client(provider, is_async)
+    completion = await call(
+        is_async, lambda: client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+    )
+    assert completion.choices[0].message.content == "".join(TOKENS)
+    request = telemetry.request()
+    attrs = attributes(request)
+    assert request.name == "POST /v1/chat/completions"
+    assert attrs["http.response.header.x-request-id"] == ("req_openai_1",)
+    assert attrs["http.response.header.openai-model"] == ("gpt-test",)
+    assert attrs["http.response.header.x-ratelimit-remaining-requests"] == ("99",)
+    assert attrs["llm_latency.server.processing_time"] == pytest.approx(WAIT)
+    assert "http.request.resend_count" not in attrs
+    assert set(telemetry.phases(request)) == {"connect", "send", "wait", "receive"}
+    assert seconds(telemetry.phases(request)["wait"]) >= WAIT - 0.005
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_openai_streamed_completion(
+    telemetry: Telemetry, provider: ProviderServer, is_async: bool
+) -> None:
+    client = openai_client(provider, is_async)
+
+    def consume() -> Any:
+        stream = client.chat.completions.create(model="gpt-test", messages=MESSAGES, stream=True)
+        if is_async:
+
+            async def read() -> list[str]:
+                return [c.choices[0].delta.content async for c in await stream]
+
+            return read()
+        return [chunk.choices[0].delta.content for chunk in stream]
+
+    tokens = await call(is_async, consume)
+    assert tokens == TOKENS
+    request = telemetry.request()
+    attrs = attributes(request)
+    assert attrs["llm_latency.stream.events"] == len(TOKENS) + 1  # and [DONE]
+    assert attrs["gen_ai.response.time_to_first_chunk"] >= WAIT - 0.005
+    assert attrs["llm_latency.stream.max_gap"] >= TOKEN_GAP - 0.005
+    # The span lasts to the end of the stream, not to the headers.
+    assert seconds(request) >= WAIT + (len(TOKENS) - 1) * TOKEN_GAP - 0.005
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_openai_retry_after_429(
+    telemetry: Telemetry, provider: ProviderServer, is_async: bool
+) -> None:
+    client = openai_client(provider, is_async, max_retries=2)
+    headers = {"x-test-scenario": f"openai-{is_async}", "x-test-fail": "1"}
+    await call(
+        is_async,
+        lambda: client.chat.completions.create(
+            model="gpt-test", messages=MESSAGES, extra_headers=headers
+        ),
+    )
+    limited, ok = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
+    first, second = attributes(limited), attributes(ok)
+    assert first["http.response.status_code"] == 429
+    assert first["error.type"] == "429"
+    assert first["http.response.header.retry-after-ms"] == ("150",)
+    assert first["http.response.header.retry-after"] == ("1",)
+    assert "http.request.resend_count" not in first
+    assert second["http.response.status_code"] == 200
+    assert second["http.request.resend_count"] == 1
+    # The SDK waited as the server asked before the second attempt.
+    assert (ok.start_time or 0) - (limited.end_time or 0) >= 0.15e9 - 5e6
+    (limited_count,) = telemetry.metric_points("llm_latency.rate_limited")
+    assert limited_count.value == 1
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_anthropic_messages(
+    telemetry: Telemetry, provider: ProviderServer, is_async: bool
+) -> None:
+    client = anthropic_client(provider, is_async)
+    message = await call(
+        is_async,
+        lambda: client.messages.create(model="claude-test", max_tokens=16, messages=MESSAGES),
+    )
+    assert message.content[0].text == "".join(TOKENS)
+    request = telemetry.request()
+    attrs = attributes(request)
+    assert request.name == "POST /v1/messages"
+    assert attrs["http.response.header.request-id"] == ("req_anthropic_1",)
+    assert "http.response.header.x-request-id" not in attrs
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_anthropic_streamed_message(
+    telemetry: Telemetry, provider: ProviderServer, is_async: bool
+) -> None:
+    client = anthropic_client(provider, is_async)
+    kwargs = {"model": "claude-test", "max_tokens": 16, "messages": MESSAGES}
+
+    def consume() -> Any:
+        if is_async:
+
+            async def read() -> str:
+                async with client.messages.stream(**kwargs) as stream:
+                    return "".join([text async for text in stream.text_stream])
+
+            return read()
+        with client.messages.stream(**kwargs) as stream:
+            return "".join(stream.text_stream)
+
+    assert await call(is_async, consume) == "".join(TOKENS)
+    attrs = attributes(telemetry.request())
+    # message_start, content_block_start, a delta per token, content_block_stop,
+    # message_delta, message_stop
+    assert attrs["llm_latency.stream.events"] == len(TOKENS) + 5
+    assert attrs["gen_ai.response.time_to_first_chunk"] >= WAIT - 0.005
+    assert attrs["http.response.header.request-id"] == ("req_anthropic_1",)
+
+
+async def test_anthropic_retry_after_429(telemetry: Telemetry, provider: ProviderServer) -> None:
+    client = anthropic_client(provider, True, max_retries=2)
+    headers = {"x-test-scenario": "anthropic", "x-test-fail": "2"}
+    await client.messages.create(
+        model="claude-test", max_tokens=16, messages=MESSAGES, extra_headers=headers
+    )
+    attempts = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
+    assert [attributes(a)["http.response.status_code"] for a in attempts] == [429, 429, 200]
+    assert [attributes(a).get("http.request.resend_count", 0) for a in attempts] == [0, 1, 2]
+    assert attributes(attempts[0])["http.response.header.request-id"] == ("req_429",)
+
+
+async def test_openai_aiohttp_backend_one_span_per_attempt(
+    telemetry: Telemetry, provider: ProviderServer
+) -> None:
+    async with openai.AsyncOpenAI(
+        base_url=provider.openai_base,
+        api_key=OPENAI_KEY,
+        http_client=openai.DefaultAioHttpClient(),
+    ) as client:
+        headers = {"x-test-scenario": "aiohttp-backend", "x-test-fail": "1"}
+        await client.chat.completions.create(
+            model="gpt-test", messages=MESSAGES, extra_headers=headers
+        )
+    attempts = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
+    assert [attributes(a)["http.response.status_code"] for a in attempts] == [429, 200]
+    assert [attributes(a).get("http.request.resend_count", 0) for a in attempts] == [0, 1]
+    assert {"send", "wait", "receive"} <= set(telemetry.phases(attempts[1]))
+
+
+async def test_api_keys_never_exported(telemetry: Telemetry, provider: ProviderServer) -> None:
+    await openai_client(provider, True).chat.completions.create(model="m", messages=MESSAGES)
+    await anthropic_client(provider, True).messages.create(
+        model="c", max_tokens=4, messages=MESSAGES
+    )
+    sent = " ".join(str(h) for h in provider.seen_headers)
+    assert f"Bearer {OPENAI_KEY}" in sent
+    assert ANTHROPIC_KEY in sent
+    spans = "".join(span.to_json() for span in telemetry.spans())
+    data = telemetry.reader.get_metrics_data()
+    exported = spans + (data.to_json() if data is not None else "")
+    assert len(telemetry.requests()) == 2
+    assert OPENAI_KEY not in exported
+    assert ANTHROPIC_KEY not in exported
