@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,12 +14,18 @@ from typing import Any
 
 import aiohappyeyeballs
 import aiohttp
+import httpcore
+import httpcore2
 import pytest
 from aiohttp import client_proto, client_reqrep, connector, streams
+from anyio._core import _sockets as anyio_sockets
 from opentelemetry.instrumentation.utils import (
     suppress_http_instrumentation,
     suppress_instrumentation,
 )
+from urllib3 import connection as urllib3_connection
+from urllib3 import connectionpool as urllib3_pool
+from urllib3 import response as urllib3_response
 
 import llm_latency
 from llm_latency.emitter import Emitter
@@ -44,11 +51,40 @@ PATCHED: list[tuple[Any, str]] = [
     (streams.StreamReader, "feed_data"),
     (streams.StreamReader, "set_exception"),
     (streams.StreamReader, "_wait"),
+    (httpcore.ConnectionPool, "handle_request"),
+    (httpcore.AsyncConnectionPool, "handle_async_request"),
+    (httpcore._sync.connection_pool.PoolRequest, "wait_for_connection"),
+    (httpcore._async.connection_pool.AsyncPoolRequest, "wait_for_connection"),
+    (httpcore2.ConnectionPool, "handle_request"),
+    (httpcore2.AsyncConnectionPool, "handle_async_request"),
+    (httpcore2._sync.connection_pool.PoolRequest, "wait_for_connection"),
+    (httpcore2._async.connection_pool.AsyncPoolRequest, "wait_for_connection"),
+    (socket, "getaddrinfo"),
+    (anyio_sockets, "getaddrinfo"),
+    (urllib3_pool.HTTPConnectionPool, "urlopen"),
+    (urllib3_pool.HTTPConnectionPool, "_get_conn"),
+    (urllib3_pool.HTTPConnectionPool, "_make_request"),
+    (urllib3_connection.HTTPConnection, "_new_conn"),
+    (urllib3_connection.HTTPConnection, "request"),
+    (urllib3_connection, "_ssl_wrap_socket_and_match_hostname"),
+    (urllib3_response.HTTPResponse, "__init__"),
+    (urllib3_response.HTTPResponse, "_raw_read"),
+    (urllib3_response.HTTPResponse, "_handle_chunk"),
+    (urllib3_response.HTTPResponse, "_error_catcher"),
+    (urllib3_response.HTTPResponse, "release_conn"),
+    (urllib3_response.HTTPResponse, "close"),
+    (urllib3_response.HTTPResponse, "drain_conn"),
 ]
 
 
 def snapshot() -> list[Any]:
     return [vars(owner).get(name) for owner, name in PATCHED]
+
+
+def test_every_supported_client_is_instrumented_by_default() -> None:
+    from llm_latency.instrumentor import select_clients
+
+    assert select_clients(None) == ["aiohttp", "httpx", "httpx2", "requests"]
 
 
 async def get(server: LLMServer, session: aiohttp.ClientSession | None = None) -> None:
@@ -64,7 +100,8 @@ async def test_uninstrument_restores_everything(server: LLMServer) -> None:
     before = snapshot()
     telemetry = Telemetry()
     telemetry.instrument()
-    assert all(now is not then for now, then in zip(snapshot(), before, strict=True))
+    changed = [then is not now for now, then in zip(snapshot(), before, strict=True)]
+    assert all(changed), [PATCHED[i] for i, c in enumerate(changed) if not c]
     llm_latency.uninstrument()
     assert snapshot() == before
     await get(server)

@@ -35,6 +35,7 @@ CLIENTS: dict[str, tuple[str, str]] = {
     "aiohttp": ("aiohttp", "llm_latency.adapters.aiohttp:AiohttpAdapter"),
     "httpx": ("httpcore", "llm_latency.adapters.httpcore:HttpxAdapter"),
     "httpx2": ("httpcore2", "llm_latency.adapters.httpcore:Httpx2Adapter"),
+    "requests": ("urllib3", "llm_latency.adapters.requests:RequestsAdapter"),
 }
 
 
