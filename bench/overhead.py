@@ -1,15 +1,18 @@
-"""What llm-latency costs per request, side by side with the official instrumentation.
+"""What llm-latency costs per request, side by side with the official instrumentations.
 
-Runs a loopback server in its own process, then, for several rounds, each mode in a fresh
-interpreter: bare aiohttp; aiohttp with ``opentelemetry-instrumentation-aiohttp-client``;
-aiohttp with llm-latency (phase spans on, and off). Both instrumentations export through the
-SDK's ``BatchSpanProcessor`` to an exporter that drops spans, with metrics on (a periodic
-reader with a dropping exporter). Each worker makes sequential requests on one pooled session
-and reports its process CPU time and wall time per request; the table gives medians over rounds
-and the cost each mode adds over bare aiohttp.
+Runs a loopback server in its own process, then, for several rounds, each client and mode in a
+fresh interpreter. Clients: aiohttp, httpx and httpx2 (async clients), requests. Modes: bare;
+with the official instrumentation (``opentelemetry-instrumentation-aiohttp-client``,
+``-httpx`` with its ``HTTPXClientInstrumentor`` / ``HTTPX2ClientInstrumentor``, ``-requests``);
+with llm-latency (phase spans on, and off). Every instrumented mode exports through the SDK's
+``BatchSpanProcessor`` to an exporter that drops spans, with metrics on (a periodic reader with
+a dropping exporter). Each worker makes sequential requests on one pooled client and reports its
+process CPU time and wall time per request; the tables give medians over rounds and the cost
+each mode adds over the bare client.
 
-    python bench/overhead.py            # full run (about two minutes on 2 cores)
-    python bench/overhead.py --quick    # a smoke run
+    python bench/overhead.py                      # every client (about 4 minutes on 2 cores)
+    python bench/overhead.py --clients aiohttp    # one client
+    python bench/overhead.py --quick              # a smoke run
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+CLIENTS = ("aiohttp", "httpx", "httpx2", "requests")
 MODES = ("bare", "otel-contrib", "llm-latency", "llm-latency-no-phase-spans")
 WORKLOADS = {"json": {"requests": 400, "warmup": 50}, "stream100": {"requests": 80, "warmup": 10}}
 EVENTS = 100
@@ -72,84 +76,126 @@ def serve(port_file: str) -> None:
 # -- a worker: one mode, one workload, in a fresh interpreter ----------------------------------
 
 
-def work(mode: str, workload: str, port: int) -> dict[str, Any]:
-    import aiohttp
+def _instrument(client: str, mode: str) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        MetricExporter,
+        MetricExportResult,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    if mode != "bare":
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import (
-            MetricExporter,
-            MetricExportResult,
-            PeriodicExportingMetricReader,
-        )
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import (
-            BatchSpanProcessor,
-            SpanExporter,
-            SpanExportResult,
-        )
+    class DropSpans(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
 
-        class DropSpans(SpanExporter):
-            def export(self, spans: Sequence[Any]) -> SpanExportResult:
-                return SpanExportResult.SUCCESS
+    class DropMetrics(MetricExporter):
+        def export(self, metrics_data: Any, timeout_millis: float = 0, **kw: Any) -> Any:
+            return MetricExportResult.SUCCESS
 
-        class DropMetrics(MetricExporter):
-            def export(self, metrics_data: Any, timeout_millis: float = 0, **kw: Any) -> Any:
-                return MetricExportResult.SUCCESS
+        def force_flush(self, timeout_millis: float = 0) -> bool:
+            return True
 
-            def force_flush(self, timeout_millis: float = 0) -> bool:
-                return True
+        def shutdown(self, timeout_millis: float = 0, **kwargs: Any) -> None:
+            return None
 
-            def shutdown(self, timeout_millis: float = 0, **kwargs: Any) -> None:
-                return None
-
-        tracer_provider = TracerProvider()
-        tracer_provider.add_span_processor(BatchSpanProcessor(DropSpans()))
-        reader = PeriodicExportingMetricReader(DropMetrics(), export_interval_millis=1000)
-        meter_provider = MeterProvider(metric_readers=[reader])
-        if mode == "otel-contrib":
-            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
-
-            AioHttpClientInstrumentor().instrument(
-                tracer_provider=tracer_provider, meter_provider=meter_provider
-            )
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(DropSpans()))
+    reader = PeriodicExportingMetricReader(DropMetrics(), export_interval_millis=1000)
+    providers = {
+        "tracer_provider": tracer_provider,
+        "meter_provider": MeterProvider(metric_readers=[reader]),
+    }
+    if mode == "otel-contrib":
+        if client == "aiohttp":
+            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor as I
+        elif client == "httpx":
+            from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor as I  # type: ignore[assignment]
+        elif client == "httpx2":
+            from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor as I  # type: ignore[assignment]
         else:
-            import llm_latency
+            from opentelemetry.instrumentation.requests import RequestsInstrumentor as I  # type: ignore[assignment]
+        I().instrument(**providers)
+        return
+    import llm_latency
 
-            llm_latency.instrument(
-                tracer_provider=tracer_provider,
-                meter_provider=meter_provider,
-                phase_spans=mode == "llm-latency",
-                configure=False,
-            )
+    llm_latency.instrument(
+        **providers,  # type: ignore[arg-type]
+        clients=[client],
+        phase_spans=mode == "llm-latency",
+        configure=False,
+    )
 
+
+def work(client: str, mode: str, workload: str, port: int) -> dict[str, Any]:
+    if mode != "bare":
+        _instrument(client, mode)
     spec = WORKLOADS[workload]
     stream = workload.startswith("stream")
     url = f"http://127.0.0.1:{port}/v1/chat/completions" + ("?stream=1" if stream else "")
     payload = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}
     chunks = 0
 
-    async def one(session: aiohttp.ClientSession) -> None:
-        nonlocal chunks
-        async with session.post(url, json=payload) as response:
-            if stream:
-                async for _ in response.content.iter_any():
-                    chunks += 1
-            else:
-                await response.read()
+    if client == "requests":
+        import requests
 
-    async def main() -> tuple[float, float]:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(spec["warmup"]):
-                await one(session)
+        session = requests.Session()
+
+        def one_sync() -> None:
             nonlocal chunks
+            with session.post(url, json=payload, stream=stream) as response:
+                if stream:
+                    for _ in response.iter_content(None):
+                        chunks += 1
+                else:
+                    response.content  # noqa: B018
+
+        for _ in range(spec["warmup"]):
+            one_sync()
+        chunks = 0
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for _ in range(spec["requests"]):
+            one_sync()
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    else:
+
+        async def main() -> tuple[float, float]:
+            nonlocal chunks
+            if client == "aiohttp":
+                import aiohttp
+
+                session: Any = aiohttp.ClientSession()
+
+                async def one() -> None:
+                    nonlocal chunks
+                    async with session.post(url, json=payload) as response:
+                        if stream:
+                            async for _ in response.content.iter_any():
+                                chunks += 1
+                        else:
+                            await response.read()
+            else:
+                module: Any = __import__(client)
+                session = module.AsyncClient()
+
+                async def one() -> None:
+                    nonlocal chunks
+                    async with session.stream("POST", url, json=payload) as response:
+                        async for _ in response.aiter_raw():
+                            chunks += 1 if stream else 0
+
+            for _ in range(spec["warmup"]):
+                await one()
             chunks = 0
             cpu0, wall0 = time.process_time(), time.perf_counter()
             for _ in range(spec["requests"]):
-                await one(session)
-            return time.process_time() - cpu0, time.perf_counter() - wall0
+                await one()
+            result = time.process_time() - cpu0, time.perf_counter() - wall0
+            await (session.close() if client == "aiohttp" else session.aclose())
+            return result
 
-    cpu, wall = asyncio.run(main())
+        cpu, wall = asyncio.run(main())
     n = spec["requests"]
     return {"cpu_us": cpu / n * 1e6, "wall_us": wall / n * 1e6, "chunks": chunks / n}
 
@@ -157,9 +203,9 @@ def work(mode: str, workload: str, port: int) -> dict[str, Any]:
 # -- the driver ---------------------------------------------------------------------------------
 
 
-def run_worker(mode: str, workload: str, port: int) -> dict[str, Any]:
+def run_worker(client: str, mode: str, workload: str, port: int) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--worker", mode, workload, str(port)],
+        [sys.executable, __file__, "--worker", client, mode, workload, str(port)],
         capture_output=True, text=True, check=True, timeout=600,
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -170,20 +216,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one round, fewer requests")
+    parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
     parser.add_argument("--json", type=Path, help="also write the medians here")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
         return
     if args.worker:
-        mode, workload, port = args.worker
+        client, mode, workload, port = args.worker
         if os.environ.get("BENCH_QUICK"):
             for spec in WORKLOADS.values():
                 spec["requests"] //= 8
                 spec["warmup"] //= 5
-        print(json.dumps(work(mode, workload, int(port))))
+        print(json.dumps(work(client, mode, workload, int(port))))
         return
 
     rounds = 1 if args.quick else args.rounds
@@ -197,15 +244,16 @@ def main() -> None:
                 break
             time.sleep(0.05)
         port = int(port_file.read_text())
-        samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        samples: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         for round_no in range(rounds):
-            for workload in WORKLOADS:
-                # Rotate the order each round so no mode always runs first.
-                order = MODES[round_no % len(MODES) :] + MODES[: round_no % len(MODES)]
-                for mode in order:
-                    samples.setdefault((workload, mode), []).append(
-                        run_worker(mode, workload, port)
-                    )
+            for client in args.clients:
+                for workload in WORKLOADS:
+                    # Rotate the order each round so no mode always runs first.
+                    order = MODES[round_no % len(MODES) :] + MODES[: round_no % len(MODES)]
+                    for mode in order:
+                        samples.setdefault((client, workload, mode), []).append(
+                            run_worker(client, mode, workload, port)
+                        )
             print(f"round {round_no + 1}/{rounds} done", file=sys.stderr)
     finally:
         server.terminate()
@@ -214,39 +262,51 @@ def main() -> None:
     report(samples, args.json)
 
 
-def report(samples: dict[tuple[str, str], list[dict[str, Any]]], json_path: Path | None) -> None:
-    medians: dict[str, dict[str, dict[str, float]]] = {}
-    for (workload, mode), runs in samples.items():
-        medians.setdefault(workload, {})[mode] = {
+def report(
+    samples: dict[tuple[str, str, str], list[dict[str, Any]]], json_path: Path | None
+) -> None:
+    medians: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for (client, workload, mode), runs in samples.items():
+        medians.setdefault(client, {}).setdefault(workload, {})[mode] = {
             key: statistics.median(run[key] for run in runs) for key in runs[0]
         }
-    print("| workload | mode | CPU µs/request | added CPU µs | wall µs/request | added wall µs |")
-    print("|---|---|---:|---:|---:|---:|")
-    for workload, modes in medians.items():
-        bare = modes["bare"]
-        for mode in MODES:
-            m = modes[mode]
-            print(
-                f"| {workload} | {mode} | {m['cpu_us']:.1f} | {m['cpu_us'] - bare['cpu_us']:+.1f}"
-                f" | {m['wall_us']:.1f} | {m['wall_us'] - bare['wall_us']:+.1f} |"
-            )
+    print(
+        "| client | workload | mode | CPU µs/request | added CPU µs | wall µs/request | added wall µs |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|")
+    for client, workloads in medians.items():
+        for workload, modes in workloads.items():
+            bare = modes["bare"]
+            for mode in MODES:
+                m = modes[mode]
+                print(
+                    f"| {client} | {workload} | {mode} | {m['cpu_us']:.1f} | "
+                    f"{m['cpu_us'] - bare['cpu_us']:+.1f} | {m['wall_us']:.1f} | "
+                    f"{m['wall_us'] - bare['wall_us']:+.1f} |"
+                )
     print()
-    for workload, modes in medians.items():
-        bare = modes["bare"]["cpu_us"]
-        official = modes["otel-contrib"]["cpu_us"] - bare
-        for mode in ("llm-latency", "llm-latency-no-phase-spans"):
-            ours = modes[mode]["cpu_us"] - bare
-            print(f"{workload}: {mode} added CPU / otel-contrib added CPU = {ours / official:.2f}")
-    json_stream = medians.get("stream100")
-    json_plain = medians.get("json")
-    if json_stream and json_plain:
-        chunks = json_stream["llm-latency"]["chunks"]
-        per_request = json_plain["llm-latency"]["cpu_us"] - json_plain["bare"]["cpu_us"]
-        streamed = json_stream["llm-latency"]["cpu_us"] - json_stream["bare"]["cpu_us"]
-        print(
-            f"stream100: {chunks:.0f} chunks/request; added CPU per chunk beyond the "
-            f"per-request cost = {(streamed - per_request) / chunks:.2f} µs"
-        )
+    print("Added CPU relative to the official instrumentation's (1.00 = the same cost):")
+    print()
+    print(
+        "| client | workload | llm-latency | llm-latency, phase spans off | chunks/request | added µs per chunk |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
+    for client, workloads in medians.items():
+        plain = workloads.get("json")
+        for workload, modes in workloads.items():
+            bare = modes["bare"]["cpu_us"]
+            official = modes["otel-contrib"]["cpu_us"] - bare
+            ours = modes["llm-latency"]["cpu_us"] - bare
+            off = modes["llm-latency-no-phase-spans"]["cpu_us"] - bare
+            per_chunk = "-"
+            chunks = modes["llm-latency"]["chunks"]
+            if workload != "json" and plain and chunks:
+                per_request = plain["llm-latency"]["cpu_us"] - plain["bare"]["cpu_us"]
+                per_chunk = f"{(ours - per_request) / chunks:.2f}"
+            print(
+                f"| {client} | {workload} | {ours / official:.2f} | {off / official:.2f} | "
+                f"{chunks:.0f} | {per_chunk} |"
+            )
     if json_path:
         json_path.write_text(json.dumps(medians, indent=2))
 

@@ -32,16 +32,33 @@ class SSECounter:
         """Account for the next chunk of the stream."""
         if not data:
             return
-        if self._tail:
-            data = self._tail + data
-        body = data.rstrip(_TERMINATORS)
-        if not body:
+        tail = self._tail
+        if tail:
+            if data[0] in _TERMINATORS:
+                data = tail + data  # the run goes on into this chunk
+            else:
+                # Content follows: the carried run is complete (the common case for LLM
+                # streams, whose chunks end with a blank line).
+                if self._had_content and tail not in _SINGLE_TERMINATORS:
+                    self._counted += 1
+                self._tail = b""
+        end = len(data.rstrip(_TERMINATORS))
+        if not end:
             # Only terminators so far: extend the pending run; once it holds a blank line
             # any longer run is the same, so keep it short.
             self._tail = data if len(data) <= 4 else b"\n\n"
             return
-        self._tail = data[len(body) :]
-        runs = _TERMINATOR_RUN.findall(body)
+        self._tail = data[end:]
+        # Any run of terminators other than a single one holds "\n\n", "\r\r" or "\n\r":
+        # without those the chunk's body ends no event (and the regex need not run).
+        if (
+            data.find(b"\n\n", 0, end) < 0
+            and data.find(b"\r\r", 0, end) < 0
+            and data.find(b"\n\r", 0, end) < 0
+        ):
+            self._had_content = True
+            return
+        runs = _TERMINATOR_RUN.findall(data, 0, end)
         if runs:
             count = 0
             for run in runs:
@@ -50,7 +67,7 @@ class SSECounter:
             # A blank run at the very start only ends an event if content came before it.
             if (
                 not self._had_content
-                and body[0] in _TERMINATORS
+                and data[0] in _TERMINATORS
                 and runs[0] not in (_SINGLE_TERMINATORS)
             ):
                 count -= 1
