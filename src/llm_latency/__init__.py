@@ -31,8 +31,8 @@ def instrument(
     Args:
         tracer_provider: where spans go; default the global provider.
         meter_provider: where metrics go; default the global provider.
-        clients: names among ``aiohttp`` (more in later releases); default every one installed.
-            An unknown or missing client raises ``ValueError``.
+        clients: names among ``aiohttp``, ``httpx``, ``httpx2`` and ``requests``; default every
+            one installed. An unknown or missing client raises ``ValueError``.
         capture_response_headers: response headers to record as ``http.response.header.*``
             besides the default allow-list. Credential and cookie headers are refused.
         phase_spans: emit one child span per phase (``http.dns``, ``http.wait``, ...). With
