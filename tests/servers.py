@@ -35,6 +35,20 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     connection after that many chunks; header_NAME: extra response headers.
     """
     await request.read()
+    # fail=N&scenario=KEY: the first N attempts of that scenario fail, as fail_with says:
+    # a status code (429 carries retry-after-ms=retry_ms), or "reset" (the connection is cut).
+    if (scenario := request.query.get("scenario")) is not None:
+        attempts = request.app[ATTEMPTS]
+        attempts[scenario] = attempts.get(scenario, 0) + 1
+        if attempts[scenario] <= int(request.query.get("fail", 0)):
+            failure = request.query.get("fail_with", "429")
+            if failure == "reset":
+                assert request.transport is not None
+                request.transport.abort()
+                return web.Response()
+            retry_headers = {"retry-after-ms": request.query.get("retry_ms", "150")}
+            return web.Response(status=int(failure), text="failed",
+                                headers=retry_headers if failure == "429" else {})  # fmt: skip
     wait = _number(request, "wait")
     if wait:
         await asyncio.sleep(wait)
@@ -104,9 +118,13 @@ class LLMServer:
         return f"{self.scheme}://{host or self.host}:{self.port}{path}" + (f"?{qs}" if qs else "")
 
 
+ATTEMPTS = web.AppKey("attempts", dict)
+
+
 @contextlib.asynccontextmanager
 async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncIterator[LLMServer]:
     app = web.Application()
+    app[ATTEMPTS] = {}
     seen: list[dict[str, Any]] = []
 
     @web.middleware

@@ -18,7 +18,9 @@ import httpcore
 import httpcore2
 import pytest
 from aiohttp import client_proto, client_reqrep, connector, streams
+from anthropic import _base_client as anthropic_base
 from anyio._core import _sockets as anyio_sockets
+from openai import _base_client as openai_base
 from opentelemetry.instrumentation.utils import (
     suppress_http_instrumentation,
     suppress_instrumentation,
@@ -74,6 +76,10 @@ PATCHED: list[tuple[Any, str]] = [
     (urllib3_response.HTTPResponse, "release_conn"),
     (urllib3_response.HTTPResponse, "close"),
     (urllib3_response.HTTPResponse, "drain_conn"),
+    (openai_base.SyncAPIClient, "request"),
+    (openai_base.AsyncAPIClient, "request"),
+    (anthropic_base.SyncAPIClient, "request"),
+    (anthropic_base.AsyncAPIClient, "request"),
 ]
 
 

@@ -11,10 +11,11 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from llm_latency.instrumentor import LLMLatencyInstrumentor
+from llm_latency.retry import retry
 from llm_latency.setup import configure_providers
 from llm_latency.version import __version__
 
-__all__ = ["LLMLatencyInstrumentor", "__version__", "instrument", "uninstrument"]
+__all__ = ["LLMLatencyInstrumentor", "__version__", "instrument", "retry", "uninstrument"]
 
 
 def instrument(

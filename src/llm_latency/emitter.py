@@ -16,11 +16,13 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     Tracer,
+    get_current_span,
     set_span_in_context,
 )
 
 from llm_latency import headers as hdr
 from llm_latency import semconv as sc
+from llm_latency.calls import LogicalCall, current_call
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.timeline import PHASE_NAMES, WAIT, Timeline
@@ -29,6 +31,7 @@ from llm_latency.urls import redact, route_template
 _logger = logging.getLogger(__name__)
 
 _CLIENT = SpanKind.CLIENT
+_INTERNAL = SpanKind.INTERNAL
 
 
 def error_type(error: BaseException) -> str:
@@ -72,6 +75,9 @@ class Emitter:
         method = timeline.method
         timeline.host = host
         timeline.port = port
+        call = current_call.get()
+        if call is not None:
+            self._attempt_starts(call, timeline)
         template = route_template(path)
         known = method if method in sc.KNOWN_METHODS else "_OTHER"
         attributes: dict[str, Any] = {
@@ -105,6 +111,78 @@ class Emitter:
             propagate.inject(carrier, context=set_span_in_context(span))
         return span
 
+    # -- logical calls and backoffs -----------------------------------------------------------
+
+    def _attempt_starts(self, call: LogicalCall, timeline: Timeline) -> None:
+        timeline.call = call
+        if call.helper_attempt > timeline.resend_count:
+            timeline.resend_count = call.helper_attempt
+        if call.attempts and call.last_end_epoch_ns and not call.own_backoffs:
+            # The wait between the previous attempt of this call and this one.
+            backoff = self.start_backoff(
+                call.last_reason, call.last_retry_after, call.last_host, call.last_end_epoch_ns
+            )
+            backoff.end(max(timeline.epoch_start_ns, call.last_end_epoch_ns))
+        call.attempts += 1
+        call.open_attempts += 1
+
+    def start_backoff(
+        self,
+        reason: str | None,
+        retry_after: float | None,
+        host: str,
+        start_epoch_ns: int | None = None,
+    ) -> Span:
+        """Start a ``retry.backoff`` span (the caller ends it) and count the retry."""
+        attributes: dict[str, Any] = {sc.BACKOFF_REASON: reason or "unknown"}
+        if retry_after is not None:
+            attributes[sc.BACKOFF_RETRY_AFTER] = retry_after
+        self.metrics.retry(host, reason)
+        return self._tracer.start_span(
+            sc.BACKOFF_SPAN, kind=_INTERNAL, attributes=attributes, start_time=start_epoch_ns
+        )
+
+    def open_call(self, name: str, attributes: dict[str, Any]) -> LogicalCall:
+        """A logical call with its own parent span, unless a GenAI span is already current:
+        then that span is the parent, and none is added."""
+        current = get_current_span()
+        current_attributes = getattr(current, "attributes", None) or {}
+        if current.is_recording() and any(key.startswith("gen_ai.") for key in current_attributes):
+            return LogicalCall()
+        return LogicalCall(self._tracer.start_span(name, kind=_INTERNAL, attributes=attributes))
+
+    def close_call(self, call: LogicalCall, error: BaseException | None = None) -> None:
+        """The operation returned (or raised). Its span ends now, or when its last attempt
+        (a stream still being read) ends."""
+        call.returned = True
+        span = call.span
+        if span is None:
+            return
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error_type(error)))
+            span.set_attribute(sc.ERROR_TYPE, error_type(error))
+            span.record_exception(error)
+        if call.open_attempts <= 0:
+            self._end_call(call)
+
+    def _end_call(self, call: LogicalCall) -> None:
+        span = call.span
+        if span is not None and span.is_recording():
+            span.set_attribute(sc.ATTEMPTS, call.attempts)
+            span.end()
+
+    def _attempt_ends(self, tl: Timeline, reason: str | None, found: dict[str, list[str]]) -> None:
+        call: LogicalCall = tl.call
+        call.open_attempts -= 1
+        call.last_end_epoch_ns = tl.to_epoch_ns(tl.end_ns)
+        call.last_reason = reason
+        call.last_host = tl.host
+        call.last_retry_after = hdr.retry_after(
+            hdr.first(found, "retry-after-ms"), hdr.first(found, "retry-after")
+        )
+        if call.returned and call.open_attempts <= 0:
+            self._end_call(call)
+
     # -- finish -------------------------------------------------------------------------------
 
     def finish(self, timeline: Timeline, at: int | None = None) -> None:
@@ -120,6 +198,8 @@ class Emitter:
             span = timeline.span
             if span is not None and span.is_recording():
                 span.end(timeline.to_epoch_ns(timeline.end_ns))
+            if timeline.call is not None:
+                self._attempt_ends(timeline, None, {})
 
     def _emit(self, tl: Timeline) -> None:
         span: Span | None = tl.span
@@ -181,6 +261,8 @@ class Emitter:
         span.end(tl.to_epoch_ns(tl.end_ns))
 
         self._record_metrics(tl, ctx, found, status, err_type, ttfc)
+        if tl.call is not None:
+            self._attempt_ends(tl, err_type, found)
 
     def _emit_phases(
         self, tl: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None

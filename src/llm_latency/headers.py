@@ -6,6 +6,8 @@ Only allow-listed headers are ever recorded. Headers that carry credentials or s
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -111,6 +113,26 @@ def first(found: Mapping[str, list[str]], *names: str) -> str | None:
         values = found.get(name)
         if values:
             return values[0]
+    return None
+
+
+def retry_after(retry_after_ms: str | None, retry_after_value: str | None) -> float | None:
+    """Seconds the server asked the client to wait: ``retry-after-ms``, else ``Retry-After``
+    (seconds, or an HTTP date). None when neither is present or readable."""
+    milliseconds = parse_number(retry_after_ms)
+    if milliseconds is not None and milliseconds >= 0:
+        return milliseconds / 1000.0
+    seconds = parse_number(retry_after_value)
+    if seconds is not None:
+        return max(seconds, 0.0)
+    if retry_after_value:
+        try:
+            when = email.utils.parsedate_to_datetime(retry_after_value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return max((when - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.0)
     return None
 
 

@@ -38,6 +38,12 @@ CLIENTS: dict[str, tuple[str, str]] = {
     "requests": ("urllib3", "llm_latency.adapters.requests:RequestsAdapter"),
 }
 
+# SDKs whose calls get one logical parent span around their retries (always, when installed).
+SDKS: dict[str, tuple[str, str]] = {
+    "openai": ("openai", "llm_latency.adapters.sdks:OpenAIAdapter"),
+    "anthropic": ("anthropic", "llm_latency.adapters.sdks:AnthropicAdapter"),
+}
+
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
@@ -63,8 +69,8 @@ def select_clients(clients: Iterable[str] | None) -> list[str]:
     return chosen
 
 
-def _load_adapter(name: str, emitter: Emitter) -> Adapter:
-    module_name, _, class_name = CLIENTS[name][1].partition(":")
+def _load_adapter(target: str, emitter: Emitter) -> Adapter:
+    module_name, _, class_name = target.partition(":")
     adapter_class = getattr(importlib.import_module(module_name), class_name)
     adapter: Adapter = adapter_class(emitter)
     return adapter
@@ -103,8 +109,10 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self.emitter = emitter
         self._adapters = []
         try:
-            for name in select_clients(kwargs.get("clients")):
-                adapter = _load_adapter(name, emitter)
+            targets = [CLIENTS[name][1] for name in select_clients(kwargs.get("clients"))]
+            targets += [target for module, target in SDKS.values() if _installed(module)]
+            for target in targets:
+                adapter = _load_adapter(target, emitter)
                 adapter.install()
                 self._adapters.append(adapter)
         except BaseException:

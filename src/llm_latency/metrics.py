@@ -119,6 +119,17 @@ class AttemptMetrics:
         if reused is not None:
             self.connections.add(((sc.SERVER_ADDRESS, host), (sc.CONNECTION_REUSED, reused)))
 
+    def retry(self, host: str, reason: str | None) -> None:
+        """One attempt was retried, because of ``reason`` (a status code or an error type)."""
+        if reason is not None and reason.isdigit():
+            key: Attributes = (
+                (sc.SERVER_ADDRESS, host),
+                (sc.HTTP_RESPONSE_STATUS_CODE, int(reason)),
+            )
+        else:
+            key = ((sc.SERVER_ADDRESS, host), (sc.ERROR_TYPE, reason or "unknown"))
+        self.retries.add(key)
+
     def ratelimit(self, host: str, kind: str, remaining: float) -> None:
         """The latest rate-limit remaining value for ``host`` (requests or tokens)."""
         self.ratelimit_remaining.set(

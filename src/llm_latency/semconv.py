@@ -53,6 +53,12 @@ STREAM_EVENTS: Final = "llm_latency.stream.events"
 STREAM_MAX_GAP: Final = "llm_latency.stream.max_gap"
 FAILED_PHASE: Final = "llm_latency.failed_phase"
 RATELIMIT_KIND: Final = "llm_latency.ratelimit.kind"
+BACKOFF_REASON: Final = "llm_latency.backoff.reason"
+BACKOFF_RETRY_AFTER: Final = "llm_latency.backoff.retry_after"
+SDK: Final = "llm_latency.sdk"
+ATTEMPTS: Final = "llm_latency.attempts"
+
+BACKOFF_SPAN: Final = "retry.backoff"
 
 #: Phase span names, indexed like ``timeline.PHASE_NAMES``.
 PHASE_SPAN_NAMES: Final[tuple[str, ...]] = tuple("http." + name for name in PHASE_NAMES)

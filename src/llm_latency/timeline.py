@@ -45,6 +45,7 @@ class Timeline:
         "_bounds",
         "_current",
         "bytes_received",
+        "call",
         "chunks",
         "end_ns",
         "ended",
@@ -94,6 +95,7 @@ class Timeline:
         self.chunks = 0
         self.bytes_received = 0
         self.sse: SSECounter | None = None
+        self.call: Any = None  # the LogicalCall this attempt belongs to, if any
 
     # -- phases -------------------------------------------------------------------------------
 

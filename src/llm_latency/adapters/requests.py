@@ -30,6 +30,7 @@ from urllib3 import connection, connectionpool, response
 
 from llm_latency.adapters._patching import Patches
 from llm_latency.adapters._resolver import connecting, resolver_hooks
+from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
 from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, _now
@@ -130,10 +131,18 @@ class RequestsAdapter:
                 return original(pool, method, url, body, headers, retries, *args, **kwargs)
             if headers is None:
                 headers = dict(pool.headers)
+            # The outermost urlopen groups urllib3's own retries and redirects (it recurses
+            # for each), so the waits between them become retry.backoff spans.
+            call_token = None
+            if current_call.get() is None:
+                call = LogicalCall()
+                call_token = current_call.set(call)
             try:
                 attempt = begin(pool, method, url, headers, retries)
             except Exception:
                 emitter.failed_once("urllib3 urlopen")
+                if call_token is not None:
+                    current_call.reset(call_token)
                 return original(pool, method, url, body, headers, retries, *args, **kwargs)
             token = _current.set(attempt)
             try:
@@ -145,6 +154,9 @@ class RequestsAdapter:
                 raise
             finally:
                 _current.reset(token)
+                if call_token is not None:
+                    current_call.reset(call_token)
+                    emitter.close_call(call)
 
         return urlopen
 
