@@ -127,3 +127,14 @@ async def test_metrics_per_phase(telemetry: Telemetry, server: LLMServer) -> Non
         "server.port": server.port,
         "http.response.status_code": 200,
     }
+
+
+async def test_server_processing_time_metric(telemetry: Telemetry, server: LLMServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            async with session.get(server.url(wait=0.1)) as response:
+                await response.read()
+    (point,) = telemetry.metric_points("llm_latency.server.processing_time")
+    assert point.count == 2
+    assert point.sum == pytest.approx(0.2)
+    assert dict(point.attributes) == {"server.address": "127.0.0.1"}

@@ -313,7 +313,17 @@ class Emitter:
         if err_type is not None:
             attributes[sc.ERROR_TYPE] = err_type
         metrics = self.metrics
-        metrics.attempt(tl.duration, attributes, host, status, tl.reused, ttfc, ctx)
+        processing = hdr.parse_number(hdr.first(found, hdr.PROCESSING_MS_HEADER))
+        metrics.attempt(
+            tl.duration,
+            attributes,
+            host,
+            status,
+            tl.reused,
+            ttfc,
+            None if processing is None else processing / 1000.0,
+            ctx,
+        )
         for header, kind in hdr.RATELIMIT_REMAINING_HEADERS.items():
             remaining = hdr.parse_number(hdr.first(found, header))
             if remaining is not None:

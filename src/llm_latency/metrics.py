@@ -56,6 +56,12 @@ class AttemptMetrics:
             description="Time an HTTP attempt spent in each phase.",
             explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
         )
+        self.server_processing = meter.create_histogram(
+            sc.SERVER_PROCESSING_DURATION,
+            unit="s",
+            description="Server processing time the provider reported (openai-processing-ms).",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+        )
         self.time_to_first_chunk = meter.create_histogram(
             sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
             unit="s",
@@ -108,10 +114,14 @@ class AttemptMetrics:
         status: int | None,
         reused: bool | None,
         time_to_first_chunk: float | None,
+        server_processing: float | None,
         context: Context,
     ) -> None:
-        """Record one finished attempt: duration, first chunk, 429s, connection reuse."""
+        """Record one finished attempt: duration, server processing time, first chunk, 429s,
+        connection reuse."""
         self.request_duration.record(seconds, attributes, context)
+        if server_processing is not None:
+            self.server_processing.record(server_processing, {sc.SERVER_ADDRESS: host}, context)
         if time_to_first_chunk is not None:
             self.time_to_first_chunk.record(time_to_first_chunk, {sc.SERVER_ADDRESS: host}, context)
         if status == 429:

@@ -64,6 +64,7 @@ BACKOFF_SPAN: Final = "retry.backoff"
 PHASE_SPAN_NAMES: Final[tuple[str, ...]] = tuple("http." + name for name in PHASE_NAMES)
 
 PHASE_DURATION: Final = "llm_latency.phase.duration"
+SERVER_PROCESSING_DURATION: Final = "llm_latency.server.processing_time"
 RETRIES: Final = "llm_latency.retries"
 RATE_LIMITED: Final = "llm_latency.rate_limited"
 CONNECTIONS: Final = "llm_latency.connections"
