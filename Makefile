@@ -1,5 +1,5 @@
 # make test: a virtual environment with the package and its test extras, then the whole suite
-# (lint, types, tests). make demo: the short example against a built-in loopback server.
+# (lint, types, tests). make demo: llm-latency demo, scenes against a built-in loopback server.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,7 +15,7 @@ $(VENV)/.test-installed: pyproject.toml
 $(VENV)/.demo-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[aiohttp]'
+	$(PY) -m pip install -q -e '.[cli]'
 	touch $@
 
 lint: $(VENV)/.test-installed
@@ -27,7 +27,7 @@ test: lint
 	$(PY) -m pytest
 
 demo: $(VENV)/.demo-installed
-	$(PY) examples/demo.py
+	$(VENV)/bin/llm-latency demo
 
 bench: $(VENV)/.test-installed
 	$(PY) bench/overhead.py

@@ -1,0 +1,5 @@
+"""``python -m llm_latency.cli``."""
+
+from llm_latency.cli import main
+
+main()

@@ -1,0 +1,273 @@
+"""The click commands behind ``llm-latency``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from llm_latency.cli.errors import CLIError
+from llm_latency.cli.mock_server import Profile, running
+from llm_latency.cli.probe import (
+    CLIENT_NAMES,
+    DEFAULT_MODEL,
+    build_request,
+    error_lines,
+    json_report,
+    parse_url,
+    probe_url,
+)
+from llm_latency.cli.render import comparison_table, html_page, summary_table, waterfall
+from llm_latency.cli.results import RequestResult, summarize
+from llm_latency.cli.telemetry import instrumented
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="llm-latency")
+def cli() -> None:
+    """Where did the time of an LLM API call go? DNS, TCP, TLS, the server, or the stream."""
+
+
+@cli.command()
+def demo() -> None:
+    """Scenes against a built-in mock server: pooling, streaming, queueing, retries."""
+    from llm_latency.cli.demo import main as run_demo
+
+    run_demo(Console())
+
+
+@cli.command()
+@click.argument("urls", nargs=-1, required=True)
+@click.option(
+    "-n",
+    "--requests",
+    "count",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Requests per URL.",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Requests in flight at once.",
+)
+@click.option("-X", "--method", help="HTTP method (default POST when there is a body, else GET).")
+@click.option("-H", "--header", "headers", multiple=True, help="'Name: value' (repeatable).")
+@click.option(
+    "-d", "--data", help="Request body, or @file. Default for LLM routes: a short chat request."
+)
+@click.option("--stream", is_flag=True, help='Ask for a streamed response (sets "stream": true).')
+@click.option(
+    "--model", default=DEFAULT_MODEL, show_default=True, help="Model of the default body."
+)
+@click.option("--client", type=click.Choice(CLIENT_NAMES), default="aiohttp", show_default=True)
+@click.option("--fresh", is_flag=True, help="A new connection for every request.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds per request.",
+)
+@click.option("--cacert", type=click.Path(dir_okay=False), help="Trust this CA (PEM) for HTTPS.")
+@click.option("--dns", help="Resolve through this DNS server (HOST:PORT; aiohttp client only).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False),
+    help="Also write a self-contained HTML report here.",
+)
+def probe(
+    urls: tuple[str, ...],
+    count: int,
+    concurrency: int,
+    method: str | None,
+    headers: tuple[str, ...],
+    data: str | None,
+    stream: bool,
+    model: str,
+    client: str,
+    fresh: bool,
+    timeout: float,
+    cacert: str | None,
+    dns: str | None,
+    as_json: bool,
+    html_file: str | None,
+) -> None:
+    """httpstat for LLM endpoints: each request's phases, then percentiles.
+
+    API keys come from -H or from OPENAI_API_KEY / ANTHROPIC_API_KEY; they are never printed.
+    Several URLs are compared side by side.
+    """
+    for url in urls:
+        parse_url(url)
+    if dns and client != "aiohttp":
+        raise CLIError("--dns works with --client aiohttp only")
+    if cacert and not Path(cacert).is_file():
+        raise CLIError(f"cannot read the CA file {cacert}")
+    requests_to_send = {
+        url: build_request(url, method, headers, data, stream, model) for url in urls
+    }
+    runs: dict[str, list[RequestResult]] = {}
+    failures: list[str] = []
+    with instrumented("llm-latency-probe", [client]) as collector:
+        for url, request in requests_to_send.items():
+            results, errors = asyncio.run(
+                probe_url(
+                    url,
+                    request,
+                    client=client,
+                    n=count,
+                    concurrency=concurrency,
+                    fresh=fresh,
+                    timeout=timeout,
+                    ca_file=cacert,
+                    dns=dns,
+                    collector=collector,
+                )
+            )
+            runs[url] = results
+            failures += error_lines(url, errors, timeout)
+    console = Console(stderr=as_json)
+    if as_json:
+        sys.stdout.write(json.dumps(json_report(runs), indent=2) + "\n")
+    else:
+        for url, results in runs.items():
+            waterfall(console, results, url)
+            if any(r.kind == "request" for r in results):
+                console.print(summary_table(summarize(results)))
+        if len(runs) > 1:
+            console.print(comparison_table({u: summarize(r) for u, r in runs.items()}))
+    if html_file:
+        try:
+            Path(html_file).write_text(html_page(runs, {u: summarize(r) for u, r in runs.items()}))
+        except OSError as exc:
+            raise CLIError(f"cannot write {html_file}: {exc.strerror or exc}") from None
+        if not as_json:
+            console.print(f"wrote {html_file}")
+    if failures:
+        raise CLIError("\n".join(f"llm-latency: error: {line}" for line in failures), raw=True)
+
+
+@cli.command("mock-server")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--tls", is_flag=True, help="HTTPS with a throwaway CA (its PEM path is printed).")
+@click.option(
+    "--ttfb",
+    type=click.FloatRange(min=0),
+    default=0.3,
+    show_default=True,
+    help="Seconds before the first byte (reported in openai-processing-ms).",
+)
+@click.option(
+    "--tokens-per-second",
+    type=click.FloatRange(min=0, min_open=True),
+    default=50.0,
+    show_default=True,
+)
+@click.option("--tokens", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option(
+    "--rate-limit-every",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Answer every N-th request with 429 and retry-after-ms (0: never).",
+)
+@click.option("--retry-after-ms", type=click.IntRange(min=0), default=250, show_default=True)
+@click.option(
+    "--error-rate",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Share of requests answered with 500.",
+)
+@click.option(
+    "--tls-delay",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds added to each TLS handshake.",
+)
+@click.option("--seed", type=int, help="Seed for --error-rate.")
+def mock_server(
+    host: str,
+    port: int,
+    tls: bool,
+    ttfb: float,
+    tokens_per_second: float,
+    tokens: int,
+    rate_limit_every: int,
+    retry_after_ms: int,
+    error_rate: float,
+    tls_delay: float,
+    seed: int | None,
+) -> None:
+    """An OpenAI-compatible server with a realistic latency profile (Ctrl-C to stop)."""
+    profile = Profile(
+        ttfb=ttfb,
+        tokens_per_second=tokens_per_second,
+        tokens=tokens,
+        rate_limit_every=rate_limit_every,
+        retry_after_ms=retry_after_ms,
+        error_rate=error_rate,
+        tls_delay=tls_delay,
+        seed=seed,
+    )
+    asyncio.run(_serve(profile, host, port, tls))
+
+
+async def _serve(profile: Profile, host: str, port: int, tls: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        async with running(profile, host=host, port=port, tls=tls) as server:
+            print(f"llm-latency mock-server listening on {server.url()}", flush=True)
+            if server.ca_file is not None:
+                print(f"CA certificate: {server.ca_file}", flush=True)
+            await stop.wait()
+    except OSError as exc:
+        raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    print("llm-latency mock-server stopped", flush=True)
+
+
+def run(argv: list[str]) -> int:
+    """Run ``argv``; return the exit code. Errors are one line on stderr."""
+    try:
+        cli.main(args=argv, prog_name="llm-latency", standalone_mode=False)
+    except CLIError as exc:
+        message = str(exc)
+        sys.stderr.write(
+            (message if getattr(exc, "raw", False) else f"llm-latency: error: {message}") + "\n"
+        )
+        return 1
+    except click.UsageError as exc:
+        sys.stderr.write(f"llm-latency: error: {exc.format_message()}\n")
+        return 2
+    except click.ClickException as exc:
+        sys.stderr.write(f"llm-latency: error: {exc.format_message()}\n")
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        sys.stderr.write("llm-latency: interrupted\n")
+        return 130
+    except Exception as exc:
+        if os.environ.get("LLM_LATENCY_DEBUG"):
+            raise
+        sys.stderr.write(f"llm-latency: error: {type(exc).__name__}: {exc}\n")
+        return 1
+    return 0

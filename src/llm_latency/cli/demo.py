@@ -1,0 +1,245 @@
+"""``llm-latency demo``: the product working, with no API key and no services.
+
+A built-in OpenAI-compatible server over HTTPS (a throwaway certificate, a slow TLS handshake,
+a "model" that takes a while before the first token and then streams), a local DNS server that
+answers slowly, and four scenes run through instrumented aiohttp clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+import llm_latency
+from llm_latency.cli.dns_server import LocalDNS
+from llm_latency.cli.mock_server import Profile, running
+from llm_latency.cli.render import ms, summary_table, waterfall
+from llm_latency.cli.results import RequestResult, SpanCollector, summarize, to_results
+from llm_latency.cli.telemetry import instrumented, otlp_endpoint
+
+HOST = "api.llm-demo.test"
+PROFILE = Profile(ttfb=0.25, tokens_per_second=40.0, tokens=8, tls_delay=0.08, retry_after_ms=300)
+DNS_DELAY = 0.05
+BODY = {"model": "mock-gpt", "messages": [{"role": "user", "content": "Say hello."}]}
+
+
+@dataclass
+class Scene:
+    title: str
+    results: list[RequestResult]
+    closing: str
+
+
+class Demo:
+    """Runs the scenes against the built-in server and prints them."""
+
+    def __init__(
+        self,
+        console: Console,
+        url: str,
+        dns: LocalDNS,
+        ssl_context: ssl.SSLContext,
+        collector: SpanCollector,
+        progress: Progress,
+    ) -> None:
+        self.console = console
+        self.url = url
+        self.dns = dns
+        self.ssl_context = ssl_context
+        self.collector = collector
+        self.progress = progress
+
+    def session(self, **connector: Any) -> tuple[aiohttp.ClientSession, aiohttp.AsyncResolver]:
+        resolver = aiohttp.AsyncResolver(nameservers=[self.dns.nameserver])
+        tcp = aiohttp.TCPConnector(ssl=self.ssl_context, resolver=resolver, **connector)
+        return aiohttp.ClientSession(connector=tcp), resolver
+
+    async def post(self, session: aiohttp.ClientSession, stream: bool = False, **kw: Any) -> None:
+        async with session.post(self.url, json={**BODY, "stream": stream}, **kw) as response:
+            async for _ in response.content.iter_any():
+                pass
+
+    async def steps(
+        self, label: str, count: int, step: Callable[[], Awaitable[None]], concurrent: bool = False
+    ) -> None:
+        task = self.progress.add_task(label, total=count)
+
+        async def tracked() -> None:
+            await step()
+            self.progress.advance(task)
+
+        if concurrent:
+            await asyncio.gather(*(tracked() for _ in range(count)))
+        else:
+            for _ in range(count):
+                await tracked()
+        self.progress.remove_task(task)
+
+    def take(self) -> list[RequestResult]:
+        return to_results(self.collector.take())
+
+    async def fresh_vs_pooled(self) -> list[Scene]:
+        async def fresh() -> None:
+            session, resolver = self.session(force_close=True, use_dns_cache=False)
+            async with session:
+                await self.post(session)
+            await resolver.close()
+
+        await self.steps("fresh connection per request", 4, fresh)
+        fresh_results = self.take()
+        session, resolver = self.session()
+        async with session:
+            await self.steps("one pooled session", 4, lambda: self.post(session))
+        await resolver.close()
+        pooled = self.take()
+        fresh_p50 = summarize(fresh_results)["total"]["p50"]
+        later = summarize(pooled[1:])["total"]["p50"]
+        return [
+            Scene(
+                "1a. A new connection for every request: DNS, TCP and TLS each time",
+                fresh_results,
+                f"Every request paid for DNS, TCP and TLS: p50 {ms(fresh_p50)}.",
+            ),
+            Scene(
+                "1b. One pooled session: only the first request connects",
+                pooled,
+                f"Pooling removed DNS, TCP and TLS from every request after the first: "
+                f"p50 {ms(later)} against {ms(fresh_p50)}.",
+            ),
+        ]
+
+    async def streaming(self) -> list[Scene]:
+        session, resolver = self.session()
+        async with session:
+            await self.post(session)  # warm the pool, so the scene compares only the answer
+            self.take()
+            await self.steps("without streaming", 3, lambda: self.post(session))
+            plain = self.take()
+            await self.steps("with streaming", 3, lambda: self.post(session, stream=True))
+            streamed = self.take()
+        await resolver.close()
+        first = summarize(streamed)["first_chunk"]["p50"]
+        total = summarize(streamed)["total"]["p50"]
+        plain_total = summarize(plain)["total"]["p50"]
+        return [
+            Scene(
+                "2a. Without streaming: nothing arrives until the whole answer is ready",
+                plain,
+                f"The answer arrived all at once after {ms(plain_total)}.",
+            ),
+            Scene(
+                "2b. Streaming: the first token comes early, the span lasts to the end",
+                streamed,
+                f"First token after {ms(first)}; the stream ended after {ms(total)}. The "
+                "request span covers the whole stream, not only the headers.",
+            ),
+        ]
+
+    async def burst(self) -> list[Scene]:
+        session, resolver = self.session(limit_per_host=2)
+        async with session:
+            await self.steps(
+                "8 at once, limit_per_host=2", 8, lambda: self.post(session), concurrent=True
+            )
+        await resolver.close()
+        results = self.take()
+        queued = [r.phases["queue"] for r in results if "queue" in r.phases]
+        longest = max(queued, default=0.0)
+        return [
+            Scene(
+                "3. A burst of 8 with limit_per_host=2: the pool makes them queue",
+                results,
+                f"{len(queued)} of {len(results)} requests waited in http.queue, up to "
+                f"{ms(longest)}: that time is the client's pool, not the model.",
+            )
+        ]
+
+    async def rate_limited(self, state: Any) -> list[Scene]:
+        session, resolver = self.session()
+
+        @llm_latency.retry(attempts=4, base_delay=0.1)
+        async def complete() -> None:
+            await self.post(session, raise_for_status=True)
+
+        async with session:
+            state.rate_limit_next = 1
+            await self.steps("a rate-limited call, retried", 1, complete)
+        await resolver.close()
+        results = self.take()
+        waited = sum(r.total for r in results if r.kind == "backoff")
+        return [
+            Scene(
+                "4. Rate-limited, then retried by llm_latency.retry",
+                results,
+                f"The first attempt got a 429 with retry-after-ms={PROFILE.retry_after_ms}; "
+                f"the call waited {ms(waited)} (retry.backoff) and the second attempt "
+                "succeeded. The wait is visible, not folded into the call's latency.",
+            )
+        ]
+
+
+def _print_scene(console: Console, scene: Scene) -> None:
+    waterfall(console, scene.results, scene.title)
+    console.print(summary_table(summarize(scene.results)))
+    console.print(f"[bold green]→ {scene.closing}[/bold green]")
+
+
+async def run(console: Console) -> None:
+    """Run every scene and print it."""
+    dns = LocalDNS({HOST: "127.0.0.1"}, delay=DNS_DELAY)
+    try:
+        async with running(PROFILE, tls=True, names=(HOST, "localhost", "127.0.0.1")) as server:
+            assert server.ca_file is not None
+            context = ssl.create_default_context(cafile=str(server.ca_file))
+            url = server.url(host=HOST)
+            console.print(
+                f"[bold]llm-latency demo[/bold]: a mock OpenAI-compatible server at {url}\n"
+                f"(TLS handshake +{ms(PROFILE.tls_delay)}, DNS +{ms(DNS_DELAY)}, "
+                f"{ms(PROFILE.ttfb)} before the first token, {PROFILE.tokens_per_second:g} "
+                "tokens/s), called through aiohttp instrumented by llm-latency."
+            )
+            with (
+                instrumented("llm-latency-demo", ["aiohttp"]) as collector,
+                Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    console=console,
+                    transient=True,
+                ) as progress,
+            ):
+                demo = Demo(console, url, dns, context, collector, progress)
+                scenes = [
+                    *await demo.fresh_vs_pooled(),
+                    *await demo.streaming(),
+                    *await demo.burst(),
+                    *await demo.rate_limited(server.state),
+                ]
+            for scene in scenes:
+                _print_scene(console, scene)
+    finally:
+        dns.stop()
+    endpoint = otlp_endpoint()
+    if endpoint:
+        console.print(
+            f"\nSpans and metrics were exported to {endpoint} (service "
+            "llm-latency-demo): open Jaeger (http://localhost:16686) and Grafana "
+            "(http://localhost:3000) if you run deploy/compose."
+        )
+    else:
+        console.print(
+            "\nSet OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4318, with "
+            "deploy/compose running) to send these traces to Jaeger and Grafana."
+        )
+
+
+def main(console: Console | None = None) -> None:
+    """Entry point of ``llm-latency demo``."""
+    asyncio.run(run(console or Console()))

@@ -1,0 +1,318 @@
+"""``llm-latency probe``: httpstat for LLM endpoints.
+
+It sends requests with the chosen client, instrumented by llm-latency itself, and reports each
+request's phases from the spans it collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from llm_latency.cli.errors import CLIError, describe
+from llm_latency.cli.results import RequestResult, SpanCollector, summarize, to_results
+
+CLIENT_NAMES = ("aiohttp", "httpx2", "requests")
+DEFAULT_MODEL = "gpt-4o-mini"
+_LLM_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages")
+
+
+@dataclass
+class ProbeRequest:
+    """What each probe request sends."""
+
+    method: str
+    headers: list[tuple[str, str]]
+    body: bytes | None
+
+
+def parse_url(url: str) -> str:
+    """The URL if it is an absolute http(s) URL with a host, else a CLIError."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise CLIError(f"malformed URL {url!r}: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise CLIError(f"malformed URL {url!r}: it must start with http:// or https://")
+    if not parts.hostname:
+        raise CLIError(f"malformed URL {url!r}: no host")
+    if port == 0:
+        raise CLIError(f"malformed URL {url!r}: port 0")
+    return url
+
+
+def parse_header(raw: str) -> tuple[str, str]:
+    """``'Name: value'`` as a (name, value) pair, else a CLIError."""
+    name, colon, value = raw.partition(":")
+    if not colon or not name.strip() or any(c.isspace() for c in name.strip()):
+        raise CLIError(f"header {raw!r} is not 'Name: value'")
+    return name.strip(), value.strip()
+
+
+def read_body(data: str | None) -> bytes | None:
+    """``-d``: the text itself, or ``@file``'s bytes."""
+    if data is None:
+        return None
+    if data.startswith("@"):
+        path = Path(data[1:])
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise CLIError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return data.encode()
+
+
+def build_request(
+    url: str,
+    method: str | None,
+    raw_headers: tuple[str, ...],
+    data: str | None,
+    stream: bool,
+    model: str,
+) -> ProbeRequest:
+    """The request to send: method, headers (with an API key from the environment when none
+    is given), and body (a small completion request for a known LLM route when none is given)."""
+    headers = [parse_header(h) for h in raw_headers]
+    body = read_body(data)
+    path = urlsplit(url).path
+    is_llm = path.endswith(_LLM_ROUTES)
+    if body is None and is_llm and (method is None or method.upper() == "POST"):
+        payload: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 16,
+        }
+        if stream:
+            payload["stream"] = True
+        body = json.dumps(payload).encode()
+    elif body is not None and stream:
+        try:
+            given = json.loads(body)
+        except ValueError:
+            given = None
+        if isinstance(given, dict) and "stream" not in given:
+            given["stream"] = True
+            body = json.dumps(given).encode()
+    names = {name.lower() for name, _ in headers}
+    if body is not None and "content-type" not in names:
+        headers.append(("Content-Type", "application/json"))
+    if "authorization" not in names and "x-api-key" not in names:
+        if path.endswith("/messages") and os.environ.get("ANTHROPIC_API_KEY"):
+            headers.append(("x-api-key", os.environ["ANTHROPIC_API_KEY"]))
+            if "anthropic-version" not in names:
+                headers.append(("anthropic-version", "2023-06-01"))
+        elif os.environ.get("OPENAI_API_KEY"):
+            headers.append(("Authorization", f"Bearer {os.environ['OPENAI_API_KEY']}"))
+    chosen = (method or ("POST" if body is not None else "GET")).upper()
+    return ProbeRequest(chosen, headers, body)
+
+
+def _ssl_context(ca_file: str | None) -> ssl.SSLContext:
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise CLIError(f"cannot read the CA file {ca_file}: {exc}") from None
+
+
+async def _run_many(
+    n: int, concurrency: int, one: Callable[[], Awaitable[None]]
+) -> list[BaseException]:
+    gate = asyncio.Semaphore(max(1, concurrency))
+    errors: list[BaseException] = []
+
+    async def guarded() -> None:
+        async with gate:
+            try:
+                await one()
+            except Exception as exc:
+                errors.append(exc)
+
+    await asyncio.gather(*(guarded() for _ in range(n)))
+    return errors
+
+
+async def _probe_aiohttp(
+    url: str,
+    request: ProbeRequest,
+    n: int,
+    concurrency: int,
+    fresh: bool,
+    timeout: float,
+    ca_file: str | None,
+    dns: str | None,
+) -> list[BaseException]:
+    import aiohttp
+
+    resolver = aiohttp.AsyncResolver(nameservers=[dns]) if dns else None
+    connector = aiohttp.TCPConnector(
+        ssl=_ssl_context(ca_file) if ca_file else True,
+        resolver=resolver,
+        force_close=fresh,
+        use_dns_cache=not fresh,
+        limit=max(concurrency, 1),
+    )
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)
+    ) as session:
+
+        async def one() -> None:
+            async with session.request(
+                request.method, url, headers=request.headers, data=request.body
+            ) as response:
+                async for _ in response.content.iter_any():
+                    pass
+
+        try:
+            return await _run_many(n, concurrency, one)
+        finally:
+            if resolver is not None:
+                await resolver.close()
+
+
+async def _probe_httpx2(
+    url: str,
+    request: ProbeRequest,
+    n: int,
+    concurrency: int,
+    fresh: bool,
+    timeout: float,
+    ca_file: str | None,
+) -> list[BaseException]:
+    import httpx2
+
+    verify: Any = _ssl_context(ca_file) if ca_file else True
+
+    def client() -> Any:
+        return httpx2.AsyncClient(
+            verify=verify, timeout=timeout, limits=httpx2.Limits(max_connections=concurrency)
+        )
+
+    shared = None if fresh else client()
+
+    async def one() -> None:
+        own = client() if shared is None else None
+        active = own if own is not None else shared
+        assert active is not None
+        try:
+            async with active.stream(
+                request.method, url, headers=request.headers, content=request.body
+            ) as response:
+                async for _ in response.aiter_raw():
+                    pass
+        finally:
+            if own is not None:
+                await own.aclose()
+
+    try:
+        return await _run_many(n, concurrency, one)
+    finally:
+        if shared is not None:
+            await shared.aclose()
+
+
+async def _probe_requests(
+    url: str,
+    request: ProbeRequest,
+    n: int,
+    concurrency: int,
+    fresh: bool,
+    timeout: float,
+    ca_file: str | None,
+) -> list[BaseException]:
+    import requests
+
+    verify: Any = ca_file if ca_file else True
+    local = threading.local()
+
+    def session() -> Any:
+        if fresh:
+            return requests.Session()
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        return local.session
+
+    def one_sync() -> None:
+        active = session()
+        try:
+            with active.request(
+                request.method,
+                url,
+                headers=dict(request.headers),
+                data=request.body,
+                timeout=timeout,
+                verify=verify,
+                stream=True,
+            ) as response:
+                for _ in response.iter_content(None):
+                    pass
+        finally:
+            if fresh:
+                active.close()
+
+    return await _run_many(n, concurrency, lambda: asyncio.to_thread(one_sync))
+
+
+async def probe_url(
+    url: str,
+    request: ProbeRequest,
+    *,
+    client: str,
+    n: int,
+    concurrency: int,
+    fresh: bool,
+    timeout: float,
+    ca_file: str | None,
+    dns: str | None,
+    collector: SpanCollector,
+) -> tuple[list[RequestResult], list[BaseException]]:
+    """Send ``n`` requests to ``url``; return their results and the errors raised."""
+    collector.take()
+    if client == "aiohttp":
+        errors = await _probe_aiohttp(url, request, n, concurrency, fresh, timeout, ca_file, dns)
+    elif client == "httpx2":
+        errors = await _probe_httpx2(url, request, n, concurrency, fresh, timeout, ca_file)
+    else:
+        errors = await _probe_requests(url, request, n, concurrency, fresh, timeout, ca_file)
+    await asyncio.sleep(0)  # let callbacks that end the last spans run
+    return to_results(collector.take()), errors
+
+
+def error_lines(url: str, errors: list[BaseException], timeout: float) -> list[str]:
+    """One line per distinct error, most frequent first."""
+    counts: dict[str, int] = {}
+    for error in errors:
+        line = describe(error, url, timeout)
+        counts[line] = counts.get(line, 0) + 1
+    return [
+        f"{line}" + (f" ({count} requests)" if count > 1 else "")
+        for line, count in sorted(counts.items(), key=lambda kv: -kv[1])
+    ]
+
+
+def json_report(runs: dict[str, list[RequestResult]]) -> dict[str, Any]:
+    """``--json``: ``requests`` (each with status, phases, request_id, time_to_first_chunk,
+    total, ...) and ``summary`` (per phase p50/p95/max); ``endpoints`` per URL when several."""
+    everything = [r for results in runs.values() for r in results]
+    report: dict[str, Any] = {
+        "requests": [r.as_json() for r in everything if r.kind == "request"],
+        "summary": {
+            k: {q: v[q] for q in ("p50", "p95", "max")} for k, v in summarize(everything).items()
+        },
+    }
+    if len(runs) > 1:
+        report["endpoints"] = {
+            url: {
+                k: {q: v[q] for q in ("p50", "p95", "max")} for k, v in summarize(results).items()
+            }
+            for url, results in runs.items()
+        }
+    return report

@@ -1,0 +1,223 @@
+"""Showing results: phase waterfalls and percentile tables in the terminal (rich), and a
+self-contained HTML page (no network fetches: inline CSS, no scripts)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from llm_latency.cli.results import RequestResult
+from llm_latency.timeline import PHASE_NAMES
+
+PHASE_COLORS = {
+    "queue": "#9b5de5",
+    "dns": "#00bbf9",
+    "connect": "#00f5d4",
+    "tls": "#4361ee",
+    "send": "#f15bb5",
+    "wait": "#e4572e",
+    "receive": "#76b041",
+    "backoff": "#adb5bd",
+}
+BAR_WIDTH = 50
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as a short millisecond string."""
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def waterfall(console: Console, results: Sequence[RequestResult], title: str | None = None) -> None:
+    """One block per request: a bar per phase on a common time scale, then the facts."""
+    if title:
+        console.print(f"\n[bold]{title}[/bold]")
+    if not results:
+        return
+    span = max(r.start + r.total for r in results) or 1e-9
+    scale = BAR_WIDTH / span
+    number = 0
+    for result in results:
+        if result.kind == "backoff":
+            line = Text(f"  {'retry.backoff':<13}")
+            start = round(result.start * scale)
+            line.append(
+                " " * start + "░" * max(1, round(result.total * scale)),
+                style=PHASE_COLORS["backoff"],
+            )
+            line.append(f"  {ms(result.total)}  waiting after {result.error}")
+            console.print(line)
+            continue
+        number += 1
+        status = result.status if result.status is not None else result.error or "failed"
+        reused = {True: "pooled", False: "new connection", None: ""}[result.reused]
+        resend = f"  attempt {result.resend_count + 1}" if result.resend_count else ""
+        header = f"#{number} {status}  {ms(result.total)}  {reused}{resend}"
+        if result.request_id:
+            header += f"  {result.request_id}"
+        console.print(Text(header, style="bold"))
+        for timing in result.timings:
+            line = Text(f"  {timing.name:<13}")
+            start = round((result.start + timing.start) * scale)
+            length = max(1, round(timing.duration * scale))
+            line.append(" " * start)
+            line.append("█" * length, style=PHASE_COLORS[timing.name])
+            line.append(" " * max(0, BAR_WIDTH - start - length))
+            line.append(f" {ms(timing.duration):>10}")
+            console.print(line)
+        facts = []
+        if "wait" in result.phases:
+            first_byte = next(t for t in result.timings if t.name == "wait")
+            facts.append(f"first byte {ms(first_byte.start + first_byte.duration)}")
+        if result.time_to_first_chunk is not None:
+            facts.append(f"first chunk {ms(result.time_to_first_chunk)}")
+        facts.append(f"end {ms(result.total)}")
+        if result.server_processing is not None:
+            facts.append(f"server {ms(result.server_processing)}")
+        if result.network_overhead is not None:
+            facts.append(f"network+edge {ms(result.network_overhead)}")
+        if result.stream_events is not None:
+            facts.append(f"{result.stream_events} events")
+        console.print("  " + ", ".join(facts), style="dim")
+        if result.ratelimit:
+            limits = ", ".join(
+                f"{k.removeprefix('x-ratelimit-')}={v}" for k, v in result.ratelimit.items()
+            )
+            console.print(f"  rate limit: {limits}", style="dim")
+        if result.error:
+            where = f" in {result.failed_phase}" if result.failed_phase else ""
+            console.print(f"  failed{where}: {result.error}", style="red")
+
+
+def summary_table(summary: dict[str, dict[str, float]], title: str = "percentiles") -> Table:
+    """p50 / p95 / max per phase, total and first chunk."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("phase")
+    for column in ("p50", "p95", "max", "n"):
+        table.add_column(column, justify="right")
+    for name in (*PHASE_NAMES, "first_chunk", "total"):
+        if name in summary:
+            row = summary[name]
+            table.add_row(
+                name, ms(row["p50"]), ms(row["p95"]), ms(row["max"]), str(int(row["count"]))
+            )
+    return table
+
+
+def comparison_table(summaries: dict[str, dict[str, dict[str, float]]]) -> Table:
+    """Several endpoints side by side: p50 / p95 of the main phases and of the total."""
+    table = Table(title="endpoints compared", title_justify="left")
+    table.add_column("endpoint")
+    columns = [
+        (p, q)
+        for p in ("dns", "connect", "tls", "wait", "first_chunk", "total")
+        for q in ("p50", "p95")
+    ]
+    shown = [(p, q) for p, q in columns if any(p in s for s in summaries.values())]
+    for phase, q in shown:
+        table.add_column(f"{phase} {q}", justify="right")
+    for url, summary in summaries.items():
+        table.add_row(url, *(ms(summary[p][q]) if p in summary else "-" for p, q in shown))
+    return table
+
+
+# -- HTML -----------------------------------------------------------------------------------------
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;background:#fff}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+.req{margin:10px 0}.head{font-weight:600}.facts{color:#666;font-size:12px}
+.row{display:flex;align-items:center;height:18px}
+.label{width:90px;font-size:12px;color:#444}
+.track{position:relative;flex:1;height:14px;background:#f3f3f3}
+.bar{position:absolute;top:0;height:14px;min-width:2px}
+.val{width:90px;text-align:right;font-size:12px}
+table{border-collapse:collapse;margin-top:8px}
+td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
+td:first-child,th:first-child{text-align:left}
+.legend span{display:inline-block;margin-right:12px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}
+"""
+
+
+def _bar(start: float, length: float, color: str, title: str) -> str:
+    return (
+        f'<div class="bar" title="{html.escape(title)}" '
+        f'style="left:{start:.3f}%;width:{length:.3f}%;background:{color}"></div>'
+    )
+
+
+def html_page(
+    runs: Mapping[str, Sequence[RequestResult]], summaries: dict[str, dict[str, dict[str, float]]]
+) -> str:
+    """The whole report as one HTML document: waterfalls, then a percentile chart per URL."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>llm-latency probe</title>",
+        f"<style>{_CSS}</style></head><body><h1>llm-latency probe</h1>",
+    ]
+    parts.append(
+        '<p class="legend">'
+        + "".join(
+            f'<span><i style="background:{color}"></i>{name}</span>'
+            for name, color in PHASE_COLORS.items()
+        )
+        + "</p>"
+    )
+    for url, results in runs.items():
+        parts.append(f"<h2>{html.escape(url)}</h2>")
+        span = max((r.start + r.total for r in results), default=0) or 1e-9
+        for number, result in enumerate(results, 1):
+            if result.kind == "backoff":
+                continue
+            status = (
+                result.status
+                if result.status is not None
+                else html.escape(result.error or "failed")
+            )
+            parts.append(
+                f'<div class="req"><div class="head">#{number} {status} '
+                f"{ms(result.total)} {html.escape(result.request_id or '')}</div>"
+            )
+            for timing in result.timings:
+                left = 100 * (result.start + timing.start) / span
+                width = max(0.3, 100 * timing.duration / span)
+                parts.append(
+                    f'<div class="row"><div class="label">{timing.name}</div><div class="track">'
+                    f"{_bar(left, width, PHASE_COLORS[timing.name], timing.name)}</div>"
+                    f'<div class="val">{ms(timing.duration)}</div></div>'
+                )
+            facts = (
+                [f"first chunk {ms(result.time_to_first_chunk)}"]
+                if result.time_to_first_chunk
+                else []
+            )
+            if result.server_processing is not None:
+                facts.append(f"server {ms(result.server_processing)}")
+            parts.append(f'<div class="facts">{", ".join(facts)}</div></div>')
+        summary = summaries.get(url, {})
+        if summary:
+            top = max(row["max"] for row in summary.values()) or 1e-9
+            parts.append("<h2>percentiles</h2>")
+            for name in (*PHASE_NAMES, "first_chunk", "total"):
+                if name not in summary:
+                    continue
+                row = summary[name]
+                color = PHASE_COLORS.get(name, "#555")
+                parts.append(
+                    f'<div class="row"><div class="label">{name} p50/p95</div><div class="track">'
+                    f"{_bar(0, 100 * row['p95'] / top, color + '66', 'p95')}"
+                    f"{_bar(0, 100 * row['p50'] / top, color, 'p50')}</div>"
+                    f'<div class="val">{ms(row["p50"])} / {ms(row["p95"])}</div></div>'
+                )
+            parts.append("<table><tr><th>phase</th><th>p50</th><th>p95</th><th>max</th></tr>")
+            for name, row in summary.items():
+                parts.append(
+                    f"<tr><td>{name}</td><td>{ms(row['p50'])}</td><td>{ms(row['p95'])}</td>"
+                    f"<td>{ms(row['max'])}</td></tr>"
+                )
+            parts.append("</table>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,56 @@
+"""The CLI's own telemetry: llm-latency instruments the CLI's clients; spans are collected in
+memory for the report and, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, also exported over OTLP
+(so a running deploy bundle fills up)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+import llm_latency
+from llm_latency.cli.results import SpanCollector
+from llm_latency.setup import _metric_exporter, _span_exporter
+
+
+def otlp_endpoint() -> str | None:
+    """Where OTLP goes, if the environment says so."""
+    return os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+
+
+@contextmanager
+def instrumented(service: str, clients: list[str]) -> Iterator[SpanCollector]:
+    """Instrument ``clients`` for the duration; yield the in-memory span collector."""
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
+    tracer_provider = TracerProvider(resource=resource)
+    collector = SpanCollector()
+    tracer_provider.add_span_processor(collector)
+    readers: list[MetricReader] = []
+    if otlp_endpoint():
+        span_exporter = _span_exporter("otlp")
+        if span_exporter is not None:
+            tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        metric_exporter = _metric_exporter("otlp")
+        if metric_exporter is not None:
+            readers.append(PeriodicExportingMetricReader(metric_exporter, 5000))
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    llm_latency.instrument(
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        clients=clients,
+        configure=False,
+    )
+    try:
+        yield collector
+    finally:
+        llm_latency.uninstrument()
+        tracer_provider.shutdown()
+        meter_provider.shutdown()

@@ -1,0 +1,266 @@
+"""The ``llm-latency`` command, run as a subprocess: probe against mock-server over HTTP and
+HTTPS, the JSON shape, the HTML page in headless Chromium, the demo, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from llm_latency.cli.dns_server import LocalDNS
+from llm_latency.cli.render import PHASE_COLORS
+from tests.servers import unused_port
+
+CLI = [sys.executable, "-m", "llm_latency.cli"]
+SLACK = 0.3
+
+
+def run_cli(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    environment.update(env or {})
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env=environment, check=False)  # fmt: skip
+
+
+@dataclass
+class Mock:
+    url: str
+    ca_file: str | None
+    process: subprocess.Popen[str]
+
+
+@contextmanager
+def mock_server(*args: str) -> Iterator[Mock]:
+    port = unused_port()
+    process = subprocess.Popen([*CLI, "mock-server", "--port", str(port), *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert "listening on" in line, line + (process.stderr.read() if process.stderr else "")
+        url = line.split("listening on ")[1].strip()
+        ca_file = None
+        if "--tls" in args:
+            ca_line = process.stdout.readline()
+            ca_file = ca_line.split("CA certificate: ")[1].strip()
+        yield Mock(url, ca_file, process)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """Bad input: a non-zero exit and exactly one line on stderr, no traceback."""
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith("llm-latency: error: ")
+    return lines[0]
+
+
+def probe_json(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    result = run_cli("probe", "--json", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    report: dict[str, object] = json.loads(result.stdout)
+    return report
+
+
+# -- probe against mock-server ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx2", "requests"])
+def test_probe_measures_the_configured_wait(client: str) -> None:
+    with mock_server("--ttfb", "0.3", "--tokens", "1", "--tokens-per-second", "1000") as mock:
+        report = probe_json(mock.url, "-n", "3", "--client", client)
+    requests = report["requests"]
+    assert isinstance(requests, list)
+    assert len(requests) == 3
+    for request in requests:
+        assert request["status"] == 200
+        assert {"send", "wait", "receive"} <= set(request["phases"])
+        assert 0.3 - 0.005 <= request["phases"]["wait"] <= 0.3 + SLACK
+        assert re.fullmatch(r"req_[0-9a-f]{24}", request["request_id"])
+        assert request["total"] >= request["phases"]["wait"]
+        assert request["time_to_first_chunk"] is None
+    assert "connect" in requests[0]["phases"]  # the first opens the connection, the rest reuse it
+    assert "connect" not in requests[1]["phases"]
+    summary = report["summary"]
+    assert isinstance(summary, dict)
+    assert set(summary["wait"]) == {"p50", "p95", "max"}
+    assert 0.3 - 0.005 <= summary["wait"]["p50"] <= 0.3 + SLACK
+
+
+def test_probe_https_with_the_mock_ca() -> None:
+    with mock_server("--tls", "--ttfb", "0.2", "--tokens", "1") as mock:
+        assert mock.ca_file is not None
+        report = probe_json(mock.url, "--cacert", mock.ca_file, "-n", "2", "--fresh")
+    requests = report["requests"]
+    assert isinstance(requests, list)
+    for request in requests:  # --fresh: every request connects and shakes hands
+        assert {"connect", "tls", "send", "wait", "receive"} <= set(request["phases"])
+        assert 0.2 - 0.005 <= request["phases"]["wait"] <= 0.2 + SLACK
+
+
+def test_probe_stream_text_output() -> None:
+    with mock_server("--ttfb", "0.2", "--tokens", "5", "--tokens-per-second", "20") as mock:
+        result = run_cli("probe", mock.url, "--stream", env={"OPENAI_API_KEY": "sk-never-shown-1"})
+        report = probe_json(mock.url, "--stream")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for word in ("wait", "receive", "first byte", "first chunk", "end", "server", "rate limit",
+                 "p50", "p95"):  # fmt: skip
+        assert word in out
+    assert "sk-never-shown-1" not in out + result.stderr
+    (request,) = report["requests"]  # type: ignore[misc]
+    assert 0.2 - 0.005 <= request["time_to_first_chunk"] <= 0.2 + SLACK
+    assert request["stream_events"] == 6
+    assert request["total"] >= 0.2 + 0.2 - 0.005  # four gaps of 50 ms after the first token
+
+
+def test_probe_compares_several_urls() -> None:
+    with mock_server("--ttfb", "0.1", "--tokens", "1") as fast, \
+            mock_server("--ttfb", "0.3", "--tokens", "1") as slow:  # fmt: skip
+        result = run_cli("probe", fast.url, slow.url, "-n", "2")
+        report = probe_json(fast.url, slow.url)
+    assert result.returncode == 0, result.stderr
+    assert "endpoints compared" in result.stdout
+    endpoints = report["endpoints"]
+    assert isinstance(endpoints, dict)
+    assert endpoints[slow.url]["wait"]["p50"] > endpoints[fast.url]["wait"]["p50"] + 0.1
+
+
+def test_probe_counts_a_rate_limited_response() -> None:
+    with mock_server("--ttfb", "0", "--rate-limit-every", "2", "--tokens", "1") as mock:
+        report = probe_json(mock.url, "-n", "2")
+    statuses = sorted(r["status"] for r in report["requests"])  # type: ignore[attr-defined]
+    assert statuses == [200, 429]
+
+
+def test_probe_html_page_draws_bars(tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is required (.ci/run installs it)"
+    page = tmp_path / "report.html"
+    with mock_server("--ttfb", "0.2", "--tokens", "1") as mock:
+        result = run_cli("probe", mock.url, "-n", "3", "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    text = page.read_text()
+    assert "http://" not in text.replace(mock.url, "")  # no fetches: nothing but the probed URL
+    assert "<script" not in text
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars",
+         "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    image = Image.open(shot).convert("RGB")
+    wait_color = tuple(int(PHASE_COLORS["wait"][i : i + 2], 16) for i in (1, 3, 5))
+    counts = {color: count for count, color in image.getcolors(maxcolors=1 << 24) or []}
+    pixels = counts.get(wait_color, 0)
+    # Three wait bars (about 200 ms of a 200 ms request each) and the percentile bar.
+    assert pixels > 2000, pixels
+
+
+# -- mock-server ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_mock_server_stops_cleanly(signum: int) -> None:
+    with mock_server() as mock:
+        mock.process.send_signal(signum)
+        out, err = mock.process.communicate(timeout=10)
+        assert mock.process.returncode == 0, err
+        assert "stopped" in out
+        assert "Traceback" not in err
+
+
+def test_mock_server_port_in_use() -> None:
+    with mock_server() as mock:
+        port = mock.url.split(":")[2].split("/")[0]
+        line = one_error_line(run_cli("mock-server", "--port", port, timeout=20))
+    assert "cannot listen" in line
+
+
+# -- demo -------------------------------------------------------------------------------------------
+
+
+def test_demo_prints_every_scene() -> None:
+    result = run_cli("demo", timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for scene in ("1a.", "1b.", "2a.", "2b.", "3.", "4."):
+        assert f"\n{scene} " in out
+    assert out.count("→ ") == 6
+    for phase in ("dns", "connect", "tls", "queue", "wait", "receive", "retry.backoff"):
+        assert phase in out
+    assert "Traceback" not in result.stderr
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+
+
+def test_malformed_url() -> None:
+    assert "malformed URL" in one_error_line(run_cli("probe", "ftp//nowhere"))
+    assert "malformed URL" in one_error_line(run_cli("probe", "http://"))
+    assert "malformed URL" in one_error_line(run_cli("probe", "http://host:99999/"))
+
+
+def test_unknown_option() -> None:
+    line = one_error_line(run_cli("probe", "--frobnicate", "http://127.0.0.1/"))
+    assert "frobnicate" in line
+
+
+def test_header_without_colon() -> None:
+    line = one_error_line(run_cli("probe", "-H", "Authorization Bearer x", "http://127.0.0.1/"))
+    assert "'Name: value'" in line
+
+
+def test_unreadable_body_file(tmp_path: Path) -> None:
+    line = one_error_line(
+        run_cli("probe", "-d", f"@{tmp_path / 'missing.json'}", "http://127.0.0.1/")
+    )
+    assert "cannot read" in line
+
+
+def test_refused_connection() -> None:
+    line = one_error_line(run_cli("probe", f"http://127.0.0.1:{unused_port()}/v1/chat/completions"))
+    assert "connection refused" in line
+
+
+def test_name_that_does_not_resolve() -> None:
+    dns = LocalDNS({"known.test": "127.0.0.1"})
+    try:
+        line = one_error_line(run_cli("probe", "--dns", dns.nameserver, "http://unknown.test:9/"))
+    finally:
+        dns.stop()
+    assert "cannot resolve unknown.test" in line
+
+
+def test_tls_failure() -> None:
+    with mock_server("--tls") as mock:
+        line = one_error_line(run_cli("probe", mock.url.replace("127.0.0.1", "localhost")))
+    assert "TLS failure" in line
+    assert "certificate verify failed" in line or "unable to get local issuer" in line
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx2", "requests"])
+def test_timeout(client: str) -> None:
+    with mock_server("--ttfb", "3") as mock:
+        line = one_error_line(run_cli("probe", mock.url, "--timeout", "0.3", "--client", client))
+    assert "timed out" in line
