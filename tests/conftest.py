@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import llm_latency
-from tests.servers import LLMServer, SlowDNS, llm_server
+from llm_latency.cli.dns_server import LocalDNS
+from tests.servers import LLMServer, llm_server, slow_dns
 
 
 class OpenSpans(SpanProcessor):
@@ -133,14 +134,14 @@ def client_ssl(ca: trustme.CA) -> ssl.SSLContext:
 
 
 @pytest.fixture(scope="session")
-def dns_server() -> Iterator[SlowDNS]:
-    server = SlowDNS()
+def dns_server() -> Iterator[LocalDNS]:
+    server = slow_dns()
     yield server
     server.stop()
 
 
 @pytest.fixture
-def dns(dns_server: SlowDNS) -> Iterator[SlowDNS]:
+def dns(dns_server: LocalDNS) -> Iterator[LocalDNS]:
     dns_server.resolver.delay = 0.0
     dns_server.resolver.queries.clear()
     yield dns_server

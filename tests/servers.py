@@ -1,5 +1,6 @@
 """Real peers on loopback for the tests: an LLM-like HTTP(S) server, a slow DNS server, and a
-TCP proxy that holds the TLS ClientHello. Delays are injected, so tests can check phases."""
+TCP proxy that holds the TLS ClientHello (the product's own, from the mock server). Delays are
+injected, so tests can check phases."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ import contextlib
 import json
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from dnslib import QTYPE, RCODE, RR, A
-from dnslib.server import BaseResolver, DNSServer
+
+from llm_latency.cli.dns_server import LocalDNS
 
 SECRET_RESPONSE_BODY = "response-body-secret-7f3a"
 
@@ -151,104 +151,10 @@ async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncI
 # -- a DNS server that answers after a delay --------------------------------------------------
 
 
-class _SlowResolver(BaseResolver):  # type: ignore[misc]
-    """Answers A 127.0.0.1 for names under ``.test.``; NXDOMAIN for anything else."""
-
-    def __init__(self) -> None:
-        self.delay = 0.0
-        self.queries: list[str] = []
-
-    def resolve(self, request: Any, handler: Any) -> Any:
-        name = str(request.q.qname)
-        self.queries.append(name)
-        if self.delay:
-            time.sleep(self.delay)
-        reply = request.reply()
-        if name.endswith(".test.") and request.q.qtype == QTYPE.A:
-            reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A("127.0.0.1"), ttl=60))
-        elif not name.endswith(".test."):
-            reply.header.rcode = RCODE.NXDOMAIN
-        return reply
-
-
-class SlowDNS:
-    """A real UDP DNS server on loopback (dnslib), in a thread."""
-
-    def __init__(self) -> None:
-        self.resolver = _SlowResolver()
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self._server = DNSServer(self.resolver, address="127.0.0.1", port=self.port,
-                                 logger=_QuietLogger())  # fmt: skip
-        self._server.start_thread()
-
-    @property
-    def nameserver(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self._server.stop()
-
-
-class _QuietLogger:
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
-
-
-# -- a TCP proxy that holds the ClientHello ---------------------------------------------------
-
-
-class HoldingProxy:
-    """Accepts TCP at once, then holds the client's first bytes (the TLS ClientHello) for
-    ``delay`` seconds before passing them on: the TLS handshake takes that much longer."""
-
-    def __init__(self, target_port: int, delay: float) -> None:
-        self.target_port = target_port
-        self.delay = delay
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> HoldingProxy:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            first = await reader.read(65536)
-            await asyncio.sleep(self.delay)
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-            up_writer.write(first)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-            self._tasks.discard(task)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
+def slow_dns() -> LocalDNS:
+    """A real UDP DNS server on loopback (dnslib): A 127.0.0.1 for names under ``.test``,
+    NXDOMAIN for anything else; ``.resolver.delay`` sets how long it takes to answer."""
+    return LocalDNS({"*.test": "127.0.0.1"})
 
 
 # -- a server that accepts and never answers ---------------------------------------------------

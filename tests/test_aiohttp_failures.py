@@ -12,9 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llm_latency.cli.dns_server import LocalDNS
 from tests.checks import assert_failed, compare, full_backlog
 from tests.conftest import Telemetry
-from tests.servers import LLMServer, SilentServer, SlowDNS, unused_port
+from tests.servers import LLMServer, SilentServer, unused_port
 
 
 def session(**kwargs: Any) -> aiohttp.ClientSession:
@@ -22,7 +23,7 @@ def session(**kwargs: Any) -> aiohttp.ClientSession:
 
 
 @contextlib.asynccontextmanager
-async def dns_session(dns: SlowDNS, **kwargs: Any) -> AsyncIterator[aiohttp.ClientSession]:
+async def dns_session(dns: LocalDNS, **kwargs: Any) -> AsyncIterator[aiohttp.ClientSession]:
     """A session resolving through the test DNS server, with no DNS cache."""
     resolver = aiohttp.AsyncResolver(nameservers=[dns.nameserver])
     try:
@@ -33,7 +34,7 @@ async def dns_session(dns: SlowDNS, **kwargs: Any) -> AsyncIterator[aiohttp.Clie
         await resolver.close()
 
 
-async def test_dns_failure(telemetry: Telemetry, dns: SlowDNS) -> None:
+async def test_dns_failure(telemetry: Telemetry, dns: LocalDNS) -> None:
     async def scenario() -> None:
         async with dns_session(dns) as s:
             await s.get("http://no-such-host.invalid/v1/models")
@@ -43,7 +44,7 @@ async def test_dns_failure(telemetry: Telemetry, dns: SlowDNS) -> None:
     assert_failed(telemetry, "dns", "ClientConnectorDNSError")
 
 
-async def test_dns_timeout(telemetry: Telemetry, dns: SlowDNS) -> None:
+async def test_dns_timeout(telemetry: Telemetry, dns: LocalDNS) -> None:
     dns.resolver.delay = 1.0
 
     async def scenario() -> None:
@@ -177,7 +178,7 @@ CANCEL_POINTS = {
 
 @pytest.mark.parametrize("phase", sorted(CANCEL_POINTS))
 async def test_cancellation(
-    telemetry: Telemetry, server: LLMServer, dns: SlowDNS, phase: str
+    telemetry: Telemetry, server: LLMServer, dns: LocalDNS, phase: str
 ) -> None:
     dns.resolver.delay = 1.0
     url_template, after = CANCEL_POINTS[phase]

@@ -8,13 +8,15 @@ import ssl
 
 import aiohttp
 
+from llm_latency.cli.dns_server import LocalDNS
+from llm_latency.cli.mock_server import HandshakeDelay
 from tests.checks import SLACK, assert_about, assert_tiles
 from tests.conftest import Telemetry, seconds
-from tests.servers import HoldingProxy, LLMServer, SlowDNS
+from tests.servers import LLMServer
 
 
 async def test_fresh_connection_has_dns_connect_send_wait_receive(
-    telemetry: Telemetry, server: LLMServer, dns: SlowDNS
+    telemetry: Telemetry, server: LLMServer, dns: LocalDNS
 ) -> None:
     dns.resolver.delay = 0.2
     resolver = aiohttp.AsyncResolver(nameservers=[dns.nameserver])
@@ -43,7 +45,7 @@ async def test_fresh_connection_has_dns_connect_send_wait_receive(
 async def test_tls_phase_is_separate_from_tcp(
     telemetry: Telemetry, tls_server: LLMServer, client_ssl: ssl.SSLContext
 ) -> None:
-    async with HoldingProxy(tls_server.port, delay=0.25) as proxy:
+    async with HandshakeDelay(tls_server.port, delay=0.25) as proxy:
         connector = aiohttp.TCPConnector(ssl=client_ssl)
         async with aiohttp.ClientSession(connector=connector) as session:
             url = f"https://localhost:{proxy.port}/v1/chat/completions"
@@ -78,7 +80,7 @@ async def test_pooled_connection_skips_dns_connect_tls(
 
 
 async def test_dns_cache_hit_has_no_dns_phase(
-    telemetry: Telemetry, server: LLMServer, dns: SlowDNS
+    telemetry: Telemetry, server: LLMServer, dns: LocalDNS
 ) -> None:
     dns.resolver.delay = 0.05
     resolver = aiohttp.AsyncResolver(nameservers=[dns.nameserver])

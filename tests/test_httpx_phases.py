@@ -11,10 +11,11 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import llm_latency
+from llm_latency.cli.mock_server import HandshakeDelay
 from tests.checks import SLACK, assert_about, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.httpx_clients import KINDS, Client
-from tests.servers import HoldingProxy, LLMServer
+from tests.servers import LLMServer
 
 pytestmark = pytest.mark.parametrize("kind", KINDS)
 
@@ -59,7 +60,7 @@ async def test_pooled_and_ip_literal(telemetry: Telemetry, server: LLMServer, ki
 async def test_tls_phase(
     telemetry: Telemetry, tls_server: LLMServer, client_ssl: ssl.SSLContext, kind: str
 ) -> None:
-    async with HoldingProxy(tls_server.port, delay=0.25) as proxy:
+    async with HandshakeDelay(tls_server.port, delay=0.25) as proxy:
         async with Client(kind, verify=client_ssl) as client:
             url = f"https://localhost:{proxy.port}/v1/chat/completions"
             result = await client.request("POST", url, json={})

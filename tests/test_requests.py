@@ -14,9 +14,10 @@ from opentelemetry.trace import StatusCode
 from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
+from llm_latency.cli.mock_server import HandshakeDelay
 from tests.checks import SLACK, assert_about, assert_failed, assert_tiles, compare, full_backlog
 from tests.conftest import Telemetry, seconds
-from tests.servers import HoldingProxy, LLMServer, SilentServer, unused_port
+from tests.servers import LLMServer, SilentServer, unused_port
 
 
 async def in_thread(work: Callable[[], Any]) -> Any:
@@ -54,7 +55,7 @@ async def test_tls_phase(
 ) -> None:
     bundle = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(bundle))
-    async with HoldingProxy(tls_server.port, delay=0.25) as proxy:
+    async with HandshakeDelay(tls_server.port, delay=0.25) as proxy:
         url = f"https://localhost:{proxy.port}/v1/chat/completions"
         response = await in_thread(lambda: requests.post(url, json={}, verify=str(bundle)))
     assert response.status_code == 200

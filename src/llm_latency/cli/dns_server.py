@@ -26,6 +26,12 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
             time.sleep(self.delay)
         reply = request.reply()
         address = self.records.get(name)
+        if address is None:  # "*.example." matches any name under example.
+            labels = name.split(".")
+            for i in range(1, len(labels)):
+                address = self.records.get("*." + ".".join(labels[i:]))
+                if address is not None:
+                    break
         if address is None:
             reply.header.rcode = RCODE.NXDOMAIN
         elif request.q.qtype == QTYPE.A:
@@ -39,8 +45,9 @@ class _Quiet:
 
 
 class LocalDNS:
-    """A UDP DNS server on 127.0.0.1 that knows ``records`` (name -> IPv4) and answers NXDOMAIN
-    for anything else, ``delay`` seconds after each query."""
+    """A UDP DNS server on 127.0.0.1 that knows ``records`` (name -> IPv4; ``*.zone`` for any
+    name under a zone) and answers NXDOMAIN for anything else, ``delay`` seconds after each
+    query."""
 
     def __init__(self, records: dict[str, str], delay: float = 0.0) -> None:
         self.resolver = _Resolver(records, delay)

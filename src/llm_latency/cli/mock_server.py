@@ -183,20 +183,33 @@ def make_certificates(*names: str, directory: Path | None = None) -> Certificate
     return Certificates(server_context, ca_file)
 
 
-class _HandshakeDelay:
-    """A TCP front that holds each connection's first bytes (the ClientHello) for a while."""
+class HandshakeDelay:
+    """A TCP front that holds each connection's first bytes (the TLS ClientHello) for
+    ``delay`` seconds before relaying everything to ``127.0.0.1:target_port``: the TCP connect
+    is quick, the TLS handshake takes ``delay`` longer."""
 
     def __init__(self, target_port: int, delay: float) -> None:
         self._target_port = target_port
         self._delay = delay
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen; return the port."""
         self._server = await asyncio.start_server(self._relay, host, port)
-        return int(self._server.sockets[0].getsockname()[1])
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def __aenter__(self) -> HandshakeDelay:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
 
     async def stop(self) -> None:
+        """Stop listening and cut the relays."""
         if self._server is not None:
             self._server.close()
         for task in list(self._tasks):
@@ -263,12 +276,12 @@ async def running(
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     certificates = make_certificates(*names) if tls else None
-    front: _HandshakeDelay | None = None
+    front: HandshakeDelay | None = None
     try:
         if certificates is not None and profile.tls_delay > 0:
             inner = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=certificates.server_context)
             await inner.start()
-            front = _HandshakeDelay(_bound_port(inner), profile.tls_delay)
+            front = HandshakeDelay(_bound_port(inner), profile.tls_delay)
             bound = await front.start(host, port)
         else:
             site = web.TCPSite(
