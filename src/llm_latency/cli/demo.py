@@ -186,7 +186,7 @@ class Demo:
 
 
 def _print_scene(console: Console, scene: Scene) -> None:
-    waterfall(console, scene.results, scene.title)
+    waterfall(console, scene.results, scene.title, rate_limits=False)
     console.print(summary_table(summarize(scene.results)))
     console.print(f"[bold green]→ {scene.closing}[/bold green]")
 

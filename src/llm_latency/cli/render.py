@@ -31,8 +31,14 @@ def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
-def waterfall(console: Console, results: Sequence[RequestResult], title: str | None = None) -> None:
-    """One block per request: a bar per phase on a common time scale, then the facts."""
+def waterfall(
+    console: Console,
+    results: Sequence[RequestResult],
+    title: str | None = None,
+    rate_limits: bool = True,
+) -> None:
+    """One block per request: a bar per phase on a common time scale, then the facts (and the
+    rate-limit headers, unless ``rate_limits`` is False)."""
     if title:
         console.print(f"\n[bold]{title}[/bold]")
     if not results:
@@ -82,7 +88,7 @@ def waterfall(console: Console, results: Sequence[RequestResult], title: str | N
         if result.stream_events is not None:
             facts.append(f"{result.stream_events} events")
         console.print("  " + ", ".join(facts), style="dim")
-        if result.ratelimit:
+        if result.ratelimit and rate_limits:
             limits = ", ".join(
                 f"{k.removeprefix('x-ratelimit-')}={v}" for k, v in result.ratelimit.items()
             )
