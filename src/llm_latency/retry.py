@@ -153,42 +153,55 @@ def _emitter() -> Any:
     return LLMLatencyInstrumentor().emitter
 
 
-def _start_call(name: str) -> tuple[LogicalCall, Span | None, Any, Any]:
-    emitter = _emitter()
-    call = emitter.open_call(name, {}) if emitter is not None else LogicalCall()
-    call.own_backoffs = True
-    span: Span | None = call.span
-    token = current_call.set(call)
-    attached = context.attach(trace.set_span_in_context(span)) if span is not None else None
-    return call, span, token, attached
+class _Run:
+    """One decorated call in the trace: its logical span, the attempt number its HTTP attempts
+    carry, and a ``retry.backoff`` span around each wait."""
 
+    def __init__(self, name: str, plan: _Plan) -> None:
+        self._plan = plan
+        self._emitter = _emitter()
+        self.call = (
+            self._emitter.open_call(name, {}) if self._emitter is not None else LogicalCall()
+        )
+        self.call.own_backoffs = True
+        self._token = current_call.set(self.call)
+        span = self.call.span
+        self._attached = context.attach(trace.set_span_in_context(span)) if span else None
+        self._backoff: Span | None = None
 
-def _end_call(
-    entered: tuple[LogicalCall, Span | None, Any, Any], error: BaseException | None
-) -> None:
-    call, _, token, attached = entered
-    if attached is not None:
-        context.detach(attached)
-    current_call.reset(token)
-    emitter = _emitter()
-    if emitter is not None:
-        emitter.close_call(call, error)
+    def attempt(self, number: int) -> None:
+        """Attempt ``number`` (from 0) starts."""
+        self.call.helper_attempt = number
 
+    def failed(self, number: int, error: Exception) -> float | None:
+        """Seconds to wait before the next attempt (the backoff span starts), or None to
+        give up."""
+        wait = self._plan.next_wait(number, error)
+        if wait is None:
+            return None
+        if self._emitter is not None:
+            self._backoff = self._emitter.start_backoff(
+                reason_of(error), wait[1], self.call.last_host
+            )
+        return wait[0]
 
-def _start_backoff(call: LogicalCall, error: BaseException, asked: float | None) -> Span | None:
-    emitter = _emitter()
-    if emitter is None:
-        return None
-    return cast("Span", emitter.start_backoff(reason_of(error), asked, call.last_host))
+    def waited(self, interrupted: BaseException | None = None) -> None:
+        """The wait is over (or was cut short by ``interrupted``)."""
+        span, self._backoff = self._backoff, None
+        if span is None:
+            return
+        if interrupted is not None:
+            span.set_status(Status(StatusCode.ERROR, type(interrupted).__qualname__))
+            span.record_exception(interrupted)
+        span.end()
 
-
-def _end_backoff(span: Span | None, error: BaseException | None = None) -> None:
-    if span is None:
-        return
-    if error is not None:
-        span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
-        span.record_exception(error)
-    span.end()
+    def finish(self, error: BaseException | None = None) -> None:
+        """The decorated call returned or raised."""
+        if self._attached is not None:
+            context.detach(self._attached)
+        current_call.reset(self._token)
+        if self._emitter is not None:
+            self._emitter.close_call(self.call, error)
 
 
 def retry(
@@ -224,60 +237,56 @@ def retry(
 
             @functools.wraps(func)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
-                plan = _Plan(attempts, base_delay, max_delay, deadline, predicate)
-                entered = _start_call(name)
+                run = _Run(name, _Plan(attempts, base_delay, max_delay, deadline, predicate))
                 try:
-                    for attempt in range(attempts):
-                        entered[0].helper_attempt = attempt
+                    for number in range(attempts):
+                        run.attempt(number)
                         try:
                             result = await func(*args, **kwargs)
                         except Exception as error:
-                            wait = plan.next_wait(attempt, error)
-                            if wait is None:
+                            delay = run.failed(number, error)
+                            if delay is None:
                                 raise
-                            backoff = _start_backoff(entered[0], error, wait[1])
                             try:
-                                await asyncio.sleep(wait[0])
+                                await asyncio.sleep(delay)
                             except BaseException as stop:
-                                _end_backoff(backoff, stop)
+                                run.waited(stop)
                                 raise
-                            _end_backoff(backoff)
+                            run.waited()
                         else:
-                            _end_call(entered, None)
+                            run.finish()
                             return result
-                    raise AssertionError("unreachable")  # pragma: no cover
+                    raise AssertionError("unreachable: the last attempt returns or raises")
                 except BaseException as error:
-                    _end_call(entered, error)
+                    run.finish(error)
                     raise
 
             return cast("F", run_async)
 
         @functools.wraps(func)
         def run_sync(*args: Any, **kwargs: Any) -> Any:
-            plan = _Plan(attempts, base_delay, max_delay, deadline, predicate)
-            entered = _start_call(name)
+            run = _Run(name, _Plan(attempts, base_delay, max_delay, deadline, predicate))
             try:
-                for attempt in range(attempts):
-                    entered[0].helper_attempt = attempt
+                for number in range(attempts):
+                    run.attempt(number)
                     try:
                         result = func(*args, **kwargs)
                     except Exception as error:
-                        wait = plan.next_wait(attempt, error)
-                        if wait is None:
+                        delay = run.failed(number, error)
+                        if delay is None:
                             raise
-                        backoff = _start_backoff(entered[0], error, wait[1])
                         try:
-                            time.sleep(wait[0])
+                            time.sleep(delay)
                         except BaseException as stop:
-                            _end_backoff(backoff, stop)
+                            run.waited(stop)
                             raise
-                        _end_backoff(backoff)
+                        run.waited()
                     else:
-                        _end_call(entered, None)
+                        run.finish()
                         return result
-                raise AssertionError("unreachable")  # pragma: no cover
+                raise AssertionError("unreachable: the last attempt returns or raises")
             except BaseException as error:
-                _end_call(entered, error)
+                run.finish(error)
                 raise
 
         return cast("F", run_sync)

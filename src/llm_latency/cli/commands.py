@@ -17,6 +17,7 @@ from llm_latency.cli.mock_server import Profile, running
 from llm_latency.cli.probe import (
     CLIENT_NAMES,
     DEFAULT_MODEL,
+    ProbeOptions,
     build_request,
     error_lines,
     json_report,
@@ -119,24 +120,12 @@ def probe(
     requests_to_send = {
         url: build_request(url, method, headers, data, stream, model) for url in urls
     }
+    options = ProbeOptions(count, concurrency, fresh, timeout, cacert, dns)
     runs: dict[str, list[RequestResult]] = {}
     failures: list[str] = []
     with instrumented("llm-latency-probe", [client]) as collector:
         for url, request in requests_to_send.items():
-            results, errors = asyncio.run(
-                probe_url(
-                    url,
-                    request,
-                    client=client,
-                    n=count,
-                    concurrency=concurrency,
-                    fresh=fresh,
-                    timeout=timeout,
-                    ca_file=cacert,
-                    dns=dns,
-                    collector=collector,
-                )
-            )
+            results, errors = asyncio.run(probe_url(url, request, client, options, collector))
             runs[url] = results
             failures += error_lines(url, errors, timeout)
     console = Console(stderr=as_json)

@@ -26,6 +26,18 @@ _LLM_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages")
 
 
 @dataclass
+class ProbeOptions:
+    """How to send: how many, how many at once, on what connections, trusting what."""
+
+    n: int = 1
+    concurrency: int = 1
+    fresh: bool = False
+    timeout: float = 60.0
+    ca_file: str | None = None
+    dns: str | None = None
+
+
+@dataclass
 class ProbeRequest:
     """What each probe request sends."""
 
@@ -141,16 +153,13 @@ async def _run_many(
 
 
 async def _probe_aiohttp(
-    url: str,
-    request: ProbeRequest,
-    n: int,
-    concurrency: int,
-    fresh: bool,
-    timeout: float,
-    ca_file: str | None,
-    dns: str | None,
+    url: str, request: ProbeRequest, options: ProbeOptions
 ) -> list[BaseException]:
     import aiohttp
+
+    n, concurrency, fresh = options.n, options.concurrency, options.fresh
+    timeout, ca_file = options.timeout, options.ca_file
+    dns = options.dns
 
     resolver = aiohttp.AsyncResolver(nameservers=[dns]) if dns else None
     connector = aiohttp.TCPConnector(
@@ -179,15 +188,12 @@ async def _probe_aiohttp(
 
 
 async def _probe_httpx2(
-    url: str,
-    request: ProbeRequest,
-    n: int,
-    concurrency: int,
-    fresh: bool,
-    timeout: float,
-    ca_file: str | None,
+    url: str, request: ProbeRequest, options: ProbeOptions
 ) -> list[BaseException]:
     import httpx2
+
+    n, concurrency, fresh = options.n, options.concurrency, options.fresh
+    timeout, ca_file = options.timeout, options.ca_file
 
     verify: Any = _ssl_context(ca_file) if ca_file else True
 
@@ -220,15 +226,12 @@ async def _probe_httpx2(
 
 
 async def _probe_requests(
-    url: str,
-    request: ProbeRequest,
-    n: int,
-    concurrency: int,
-    fresh: bool,
-    timeout: float,
-    ca_file: str | None,
+    url: str, request: ProbeRequest, options: ProbeOptions
 ) -> list[BaseException]:
     import requests
+
+    n, concurrency, fresh = options.n, options.concurrency, options.fresh
+    timeout, ca_file = options.timeout, options.ca_file
 
     verify: Any = ca_file if ca_file else True
     local = threading.local()
@@ -264,24 +267,18 @@ async def _probe_requests(
 async def probe_url(
     url: str,
     request: ProbeRequest,
-    *,
     client: str,
-    n: int,
-    concurrency: int,
-    fresh: bool,
-    timeout: float,
-    ca_file: str | None,
-    dns: str | None,
+    options: ProbeOptions,
     collector: SpanCollector,
 ) -> tuple[list[RequestResult], list[BaseException]]:
-    """Send ``n`` requests to ``url``; return their results and the errors raised."""
+    """Send ``options.n`` requests to ``url``; return their results and the errors raised."""
     collector.take()
     if client == "aiohttp":
-        errors = await _probe_aiohttp(url, request, n, concurrency, fresh, timeout, ca_file, dns)
+        errors = await _probe_aiohttp(url, request, options)
     elif client == "httpx2":
-        errors = await _probe_httpx2(url, request, n, concurrency, fresh, timeout, ca_file)
+        errors = await _probe_httpx2(url, request, options)
     else:
-        errors = await _probe_requests(url, request, n, concurrency, fresh, timeout, ca_file)
+        errors = await _probe_requests(url, request, options)
     await asyncio.sleep(0)  # let callbacks that end the last spans run
     return to_results(collector.take()), errors
 

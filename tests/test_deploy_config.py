@@ -1,0 +1,562 @@
+"""The deploy bundle's configuration (deploy/), checked with the real tools and the upstream
+reference data, without a Docker engine or a cluster: docker-compose and the compose spec,
+promtool (config, rules, rule unit tests), amtool, promql-parser, the collector chart's JSON
+schema, the Jaeger chart's values, the collector distribution's manifest, yamllint.
+
+The tools are installed by CI (deploy/README.md, "What was checked"); a missing one fails its
+test with a message saying how to install it, it is not skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_latency.semconv import DURATION_BUCKETS
+from tests.deploy_workload import (
+    ALERTMANAGER_CONFIG,
+    COLLECTOR_CONFIG,
+    COMPOSE,
+    COMPOSE_FILE,
+    DASHBOARD,
+    DASHBOARD_PROVIDERS,
+    DATASOURCES,
+    DEPLOY,
+    HELM_AGENT,
+    HELM_GATEWAY,
+    HELM_JAEGER,
+    JAEGER_CONFIG,
+    PROMETHEUS_CONFIG,
+    README,
+    ROOT,
+    RULES_FILE,
+    RULES_TEST_FILE,
+    Query,
+    alert_rules,
+    all_queries,
+    load_yaml,
+)
+
+REFERENCE = ROOT.parent / "shared" / "reference"
+MANIFEST = REFERENCE / "otelcol-contrib-0.159.0.manifest.yaml"
+COLLECTOR_CHART_SCHEMA = REFERENCE / "opentelemetry-collector-chart-0.170.0.values.schema.json"
+JAEGER_CHART_VALUES = REFERENCE / "jaeger-chart-4.11.1.values.yaml"
+
+INSTALL_HINTS = {
+    "docker-compose": "apt-get install -y docker-compose",
+    "promtool": "apt-get install -y prometheus",
+    "prometheus": "apt-get install -y prometheus",
+    "amtool": "apt-get install -y prometheus-alertmanager",
+    "check-jsonschema": "pip install check-jsonschema",
+    "yamllint": "pip install yamllint",
+}
+
+
+def tool(name: str) -> str:
+    """The path of a command-line tool: the virtual environment's, else on PATH; fails the test
+    (it does not skip it) when the tool is missing."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed; CI installs it: {INSTALL_HINTS[name]}")
+    return found
+
+
+def run(*args: str, cwd: Path = ROOT) -> str:
+    result = subprocess.run(
+        [tool(args[0]), *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{' '.join(args)} failed ({result.returncode}):\n{output}"
+    return output
+
+
+def reference(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"reference data missing: {path} (shared/reference, beside the repository)")
+    return path
+
+
+# -- compose ---------------------------------------------------------------------------------
+
+
+def test_compose_file_is_valid_for_docker_compose() -> None:
+    run("docker-compose", "-f", str(COMPOSE_FILE), "config", "-q")
+
+
+def test_compose_file_matches_the_compose_spec() -> None:
+    run("check-jsonschema", "--builtin-schema", "vendor.compose-spec", str(COMPOSE_FILE))
+
+
+def test_compose_pins_every_image_and_uses_one_network() -> None:
+    compose = load_yaml(COMPOSE_FILE)
+    services = compose["services"]
+    images = {name: service["image"] for name, service in services.items()}
+    assert images["otel-collector"] == "otel/opentelemetry-collector-contrib:0.159.0"
+    assert images["jaeger"] == "jaegertracing/jaeger:2.19.0"
+    assert {"prometheus", "grafana", "alertmanager"} <= set(services)
+    for name, image in images.items():
+        repository, _, tag = image.rpartition(":")
+        assert repository and re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: {image} not pinned"
+    assert list(compose["networks"]) == ["llm-latency"]
+    for name, service in services.items():
+        assert service["networks"] == ["llm-latency"], name
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (COMPOSE / source).exists(), f"{name} mounts missing {source}"
+
+
+def test_compose_publishes_the_documented_ports_on_loopback_only() -> None:
+    services = load_yaml(COMPOSE_FILE)["services"]
+    published = {
+        int(port.split(":")[1]): name
+        for name, service in services.items()
+        for port in service.get("ports", [])
+    }
+    assert {4317, 4318, 3000, 16686, 9090, 9093} <= set(published)
+    for service in services.values():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), port
+
+
+# -- Prometheus and Alertmanager ------------------------------------------------------------
+
+
+def test_prometheus_config_is_valid() -> None:
+    output = run("promtool", "check", "config", str(PROMETHEUS_CONFIG))
+    assert "1 rule files found" in output
+
+
+def test_alerting_rules_are_valid() -> None:
+    output = run("promtool", "check", "rules", str(RULES_FILE))
+    assert f"{len(alert_rules())} rules found" in output
+
+
+def test_alerting_rules_pass_their_unit_tests() -> None:
+    run("promtool", "test", "rules", str(RULES_TEST_FILE))
+
+
+def test_every_alert_has_a_unit_test_that_fires_on_a_bad_series_and_not_on_a_good_one() -> None:
+    """Each alert has a test that expects it to fire, whose input also has series (another
+    host or program) that it must not fire for, and a test time where it must be silent."""
+    tests = load_yaml(RULES_TEST_FILE)["tests"]
+    assert load_yaml(RULES_TEST_FILE)["rule_files"] == ["../rules/llm-latency.rules.yaml"]
+    for rule in alert_rules():
+        name = rule["alert"]
+        fires_with_a_good_series = silent = False
+        for group in tests:
+            series = [s["series"] for s in group.get("input_series", [])]
+            for case in group.get("alert_rule_test", []):
+                if case["alertname"] != name:
+                    continue
+                if not case["exp_alerts"]:
+                    silent = True
+                    continue
+                alerted = {
+                    value
+                    for alert in case["exp_alerts"]
+                    for key, value in alert["exp_labels"].items()
+                    if key in ("job", "server_address")
+                }
+                seen = {
+                    value
+                    for s in series
+                    for value in re.findall(r'(?:job|server_address)="([^"]*)"', s)
+                }
+                if seen - alerted:
+                    fires_with_a_good_series = True
+        assert fires_with_a_good_series, f"{name}: no test where it fires beside a good series"
+        assert silent, f"{name}: no test where it stays silent"
+
+
+def test_every_alert_has_a_runbook_in_the_rule_and_in_the_readme() -> None:
+    readme = README.read_text()
+    headings = set(re.findall(r"^### (\w+)$", readme, re.MULTILINE))
+    for rule in alert_rules():
+        name = rule["alert"]
+        annotations = rule["annotations"]
+        assert {"summary", "description", "runbook"} <= set(annotations), name
+        assert f"deploy/README.md#{name.lower()}" in annotations["runbook"], name
+        assert name in headings, f"deploy/README.md has no '### {name}' section"
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
+
+
+def test_alertmanager_config_is_valid() -> None:
+    run("amtool", "check-config", str(ALERTMANAGER_CONFIG))
+
+
+# -- PromQL ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query", all_queries(), ids=lambda q: q.where)
+def test_every_promql_expression_parses(query: Query) -> None:
+    import promql_parser
+
+    promql_parser.parse(query.promql)
+
+
+def test_the_queries_cover_every_metric_of_the_contract() -> None:
+    text = " ".join(q.expr for q in all_queries())
+    for name in (
+        "http_client_request_duration_seconds_bucket",
+        "llm_latency_phase_duration_seconds_bucket",
+        "llm_latency_server_processing_time_seconds_sum",
+        "gen_ai_client_operation_time_to_first_chunk_seconds_bucket",
+        "llm_latency_retries_total",
+        "llm_latency_rate_limited_total",
+        "llm_latency_connections_total",
+        "llm_latency_ratelimit_remaining",
+    ):
+        assert name in text, name
+
+
+# -- Grafana ---------------------------------------------------------------------------------
+
+
+def provisioned_datasources() -> dict[str, dict[str, Any]]:
+    sources = load_yaml(DATASOURCES)["datasources"]
+    return {source["uid"]: source for source in sources}
+
+
+def dashboard_datasource_uids(node: Any) -> set[str]:
+    """Every datasource uid the dashboard names: datasource fields, and the Explore links'
+    URL-encoded queries."""
+    uids: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource" and isinstance(value, dict):
+                uids.add(value["uid"])
+            elif key == "datasource" and isinstance(value, str):
+                uids.add(value)
+            elif key == "url" and isinstance(value, str) and "panes=" in value:
+                panes = urllib.parse.unquote(value.split("panes=", 1)[1])
+                uids |= set(re.findall(r'"datasource":"([^"]+)"', panes))
+                uids |= set(re.findall(r'"uid":"([^"]+)"', panes))
+            else:
+                uids |= dashboard_datasource_uids(value)
+    elif isinstance(node, list):
+        for value in node:
+            uids |= dashboard_datasource_uids(value)
+    return uids
+
+
+def test_datasources_have_fixed_uids_and_link_traces_and_metrics() -> None:
+    sources = provisioned_datasources()
+    assert {"prometheus", "jaeger"} <= set(sources)
+    prometheus, jaeger = sources["prometheus"], sources["jaeger"]
+    assert prometheus["type"] == "prometheus" and jaeger["type"] == "jaeger"
+    assert prometheus["url"] == "http://prometheus:9090"
+    assert jaeger["url"] == "http://jaeger:16686"
+    # exemplars (label trace_id, from the collector's prometheus exporter) open Jaeger traces
+    (destination,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    assert destination == {**destination, "name": "trace_id", "datasourceUid": "jaeger"}
+    # spans open the metrics of their host
+    links = jaeger["jsonData"]["tracesToMetrics"]
+    assert links["datasourceUid"] == "prometheus"
+    assert {"key": "server.address", "value": "server_address"} in links["tags"]
+    assert all("$__tags" in query["query"] for query in links["queries"])
+
+
+def test_dashboard_refers_only_to_provisioned_datasources() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = dashboard_datasource_uids(dashboard) - {"-- Grafana --"}
+    assert used == {"prometheus", "jaeger"}
+    assert used <= set(provisioned_datasources())
+
+
+def test_dashboard_is_provisioned_where_compose_mounts_it() -> None:
+    (provider,) = load_yaml(DASHBOARD_PROVIDERS)["providers"]
+    grafana = load_yaml(COMPOSE_FILE)["services"]["grafana"]
+    mounts = dict(volume.rsplit(":", 2)[:2] for volume in grafana["volumes"])
+    assert mounts["./grafana/dashboards"] == provider["options"]["path"]
+    assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
+
+
+def test_dashboard_has_the_panels_of_the_issue() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["title"] == "Where LLM latency goes"
+    titles = [panel["title"] for panel in dashboard["panels"]]
+    for wanted in (
+        "Time per phase, p50 (stacked)",
+        "Time per phase, p95 (stacked)",
+        "Wait vs server processing vs network overhead (mean)",
+        "Time to first chunk (streamed responses)",
+        "Retries and 429s per minute",
+        "Attempts that opened a new connection (share)",
+        "Rate-limit remaining",
+        "Slowest hosts (over the time range)",
+    ):
+        assert wanted in titles
+    for panel in dashboard["panels"]:
+        if panel["title"].startswith("Time per phase"):
+            assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    (overhead,) = [p for p in dashboard["panels"] if p["title"].startswith("Wait vs")]
+    wait, processing, difference = (t["expr"] for t in overhead["targets"])
+    assert "_sum" in wait and "_count" in wait and 'llm_latency_phase="wait"' in wait
+    assert "llm_latency_server_processing_time_seconds_sum" in processing
+    assert difference == f"({wait}) - ({processing})"
+
+
+def test_every_dashboard_panel_links_to_the_traces_behind_it() -> None:
+    """Each panel has data links to a Jaeger search (Explore on the Jaeger datasource, or the
+    Jaeger UI); histogram panels over time also show exemplars, which open the trace."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        links = panel["fieldConfig"]["defaults"].get("links", []) + panel.get("links", [])
+        to_jaeger = [
+            link
+            for link in links
+            if "localhost:16686" in link["url"]
+            or "jaeger" in dashboard_datasource_uids({"url": link["url"]})
+        ]
+        assert to_jaeger, f"panel {panel['title']!r} links to no traces"
+        for target in panel["targets"]:
+            if "_bucket" in target["expr"] and not target.get("instant"):
+                assert target["exemplar"] is True, (panel["title"], target["refId"])
+
+
+# -- the collector: components, span metrics, exporter ----------------------------------------
+
+KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")
+
+#: Component types of collector 0.159 whose module is named otherwise than the type without
+#: underscores (otlp_grpc and otlp_http were renamed in 0.144; the old names are aliases).
+MODULE_OF_TYPE = {"otlp_grpc": "otlp", "otlp_http": "otlphttp"}
+
+
+def manifest_components() -> dict[str, set[str]]:
+    """kind -> module names without their kind suffix, e.g. exporters: {"otlp", "prometheus"}."""
+    manifest = load_yaml(reference(MANIFEST))
+    components: dict[str, set[str]] = {}
+    for kind in KINDS:
+        suffix = kind[:-1]
+        components[kind] = {
+            entry["gomod"].split()[0].rsplit("/", 1)[1].removesuffix(suffix)
+            for entry in manifest[kind]
+        }
+    return components
+
+
+def collector_configs() -> dict[str, dict[str, Any]]:
+    return {
+        "compose": load_yaml(COLLECTOR_CONFIG),
+        "helm agent": load_yaml(HELM_AGENT)["config"],
+        "helm gateway": load_yaml(HELM_GATEWAY)["config"],
+    }
+
+
+def defined(config: dict[str, Any], kind: str, helm: bool) -> set[str]:
+    """The components a config defines. In Helm values, null deletes a chart default (the
+    chart's jaeger, zipkin and prometheus receivers); in a collector config it is an empty
+    configuration."""
+    components = config.get(kind) or {}
+    return {name for name, settings in components.items() if settings is not None or not helm}
+
+
+def check_components(config: dict[str, Any], where: str) -> None:
+    helm = where.startswith("helm")  # a collector chart values file
+    pipelines = {
+        name: pipeline
+        for name, pipeline in config["service"]["pipelines"].items()
+        if pipeline is not None
+    }
+    used: dict[str, set[str]] = {kind: set() for kind in KINDS}
+    for name, pipeline in pipelines.items():
+        assert pipeline["receivers"] and pipeline["exporters"], f"{where}: {name}"
+        for kind in ("receivers", "processors", "exporters"):
+            used[kind] |= set(pipeline.get(kind, []))
+    connectors = defined(config, "connectors", helm)
+    for connector in connectors:
+        assert connector in used["exporters"], f"{where}: connector {connector} not fed"
+        assert connector in used["receivers"], f"{where}: connector {connector} not read"
+    used["connectors"] = connectors
+    used["receivers"] -= connectors
+    used["exporters"] -= connectors
+    used["extensions"] = set(config["service"].get("extensions", []))
+    for kind in KINDS:
+        assert defined(config, kind, helm) == used[kind], f"{where}: {kind} defined != used"
+
+
+@pytest.mark.parametrize("where", ["compose", "helm agent", "helm gateway"])
+def test_collector_components_are_defined_used_and_in_the_distribution(where: str) -> None:
+    config = collector_configs()[where]
+    check_components(config, where)
+    available = manifest_components()
+    for kind in KINDS:
+        for name in defined(config, kind, helm=where.startswith("helm")):
+            component_type = name.split("/")[0]
+            module = MODULE_OF_TYPE.get(component_type, component_type.replace("_", ""))
+            assert module in available[kind], f"{where}: {kind} {name} not in otelcol-contrib"
+
+
+def test_jaeger_configs_define_what_they_use() -> None:
+    for where, config in (
+        ("compose", load_yaml(JAEGER_CONFIG)),
+        ("helm", load_yaml(HELM_JAEGER)["userconfig"]),
+    ):
+        check_components(config, f"jaeger {where}")
+
+
+def seconds(duration: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(ms|s)", duration)
+    assert match, duration
+    return float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
+
+
+def test_span_metrics_have_unit_seconds_llm_buckets_and_feed_jaeger_monitor() -> None:
+    configs = collector_configs()
+    for where in ("compose", "helm agent"):
+        connector = configs[where]["connectors"]["span_metrics"]
+        histogram = connector["histogram"]
+        assert histogram["unit"] == "s", where
+        buckets = tuple(seconds(b) for b in histogram["explicit"]["buckets"])
+        assert buckets == DURATION_BUCKETS, where
+        assert connector["exemplars"]["enabled"] is True
+        for jaeger in (load_yaml(JAEGER_CONFIG), load_yaml(HELM_JAEGER)["userconfig"]):
+            backends = jaeger["extensions"]["jaeger_storage"]["metric_backends"]
+            (spm,) = (backend["prometheus"] for backend in backends.values())
+            assert spm["metric_namespace"] == connector["namespace"].replace(".", "_")
+            assert spm["latency_unit"] == histogram["unit"]
+            assert spm["normalize_calls"] and spm["normalize_duration"]
+            storage = jaeger["extensions"]["jaeger_query"]["storage"]
+            assert storage["metrics"] in backends
+    # Span metrics are computed before sampling: in the agent, never in the sampling gateway.
+    assert "span_metrics" not in (configs["helm gateway"].get("connectors") or {})
+
+
+def test_prometheus_exporters_expose_the_contract_names_with_exemplars() -> None:
+    configs = collector_configs()
+    for where in ("compose", "helm agent"):
+        exporter = configs[where]["exporters"]["prometheus"]
+        assert exporter["enable_open_metrics"] is True, where
+        assert exporter["translation_strategy"] == "UnderscoreEscapingWithSuffixes", where
+    scrape = load_yaml(PROMETHEUS_CONFIG)["scrape_configs"]
+    (collector,) = [job for job in scrape if job["job_name"] == "otel-collector"]
+    assert collector["honor_labels"] is True
+    assert collector["static_configs"] == [{"targets": ["otel-collector:8889"]}]
+    prometheus = load_yaml(COMPOSE_FILE)["services"]["prometheus"]
+    assert "--enable-feature=exemplar-storage" in prometheus["command"]
+
+
+def test_collector_sends_traces_to_jaeger_over_otlp() -> None:
+    compose = load_yaml(COLLECTOR_CONFIG)
+    assert compose["exporters"]["otlp_grpc/jaeger"]["endpoint"] == "jaeger:4317"
+    assert load_yaml(JAEGER_CONFIG)["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] == (
+        "0.0.0.0:4317"
+    )
+    receivers = compose["receivers"]["otlp"]["protocols"]
+    assert receivers["grpc"]["endpoint"] == "0.0.0.0:4317"
+    assert receivers["http"]["endpoint"] == "0.0.0.0:4318"
+    assert compose["service"]["pipelines"]["traces"]["processors"][0] == "memory_limiter"
+
+
+# -- Helm ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [HELM_AGENT, HELM_GATEWAY], ids=lambda p: p.name)
+def test_collector_chart_values_validate_against_the_chart_schema(values: Path) -> None:
+    import jsonschema
+
+    schema = json.loads(reference(COLLECTOR_CHART_SCHEMA).read_text())
+    validator_class = jsonschema.validators.validator_for(
+        schema, default=jsonschema.Draft202012Validator
+    )
+    validator_class.check_schema(schema)
+    errors = sorted(validator_class(schema).iter_errors(load_yaml(values)), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
+
+
+def test_agent_routes_traces_by_trace_id_to_the_sampling_gateway() -> None:
+    agent, gateway = load_yaml(HELM_AGENT), load_yaml(HELM_GATEWAY)
+    assert agent["mode"] == "daemonset" and gateway["mode"] == "deployment"
+    for values in (agent, gateway):
+        assert values["image"] == {
+            "repository": "otel/opentelemetry-collector-contrib",
+            "tag": "0.159.0",
+        }
+    exporter = agent["config"]["exporters"]["load_balancing"]
+    assert exporter["routing_key"] == "traceID"
+    resolver = exporter["resolver"]["dns"]
+    assert resolver["hostname"].startswith(gateway["fullnameOverride"] + ".")
+    assert resolver["port"] == gateway["ports"]["otlp"]["containerPort"]
+    assert gateway["service"]["clusterIP"] == "None"  # headless: one address per pod
+    traces = agent["config"]["service"]["pipelines"]["traces"]
+    assert traces["exporters"] == ["span_metrics", "load_balancing"]
+    assert "tail_sampling" not in agent["config"]["processors"]
+
+
+def test_gateway_keeps_every_error_and_slow_trace() -> None:
+    gateway = load_yaml(HELM_GATEWAY)["config"]
+    sampling = gateway["processors"]["tail_sampling"]
+    policies = {policy["type"]: policy for policy in sampling["policies"]}
+    assert policies["status_code"]["status_code"]["status_codes"] == ["ERROR"]
+    assert policies["latency"]["latency"]["threshold_ms"] > 0
+    processors = gateway["service"]["pipelines"]["traces"]["processors"]
+    assert processors.index("memory_limiter") < processors.index("tail_sampling")
+    assert processors.index("tail_sampling") < processors.index("batch")
+
+
+def unknown_keys(values: Any, known: Any, path: str = "") -> list[str]:
+    """Keys of ``values`` that the chart's values.yaml does not have. Below a key whose default
+    is null, an empty map or a list (userconfig, extraEnv, podLabels, ...), anything goes."""
+    if not isinstance(values, dict):
+        return []
+    if not isinstance(known, dict) or not known:
+        return [] if known is None or known == {} else [f"{path} (not a map in the chart)"]
+    unknown = []
+    for key, value in values.items():
+        if key not in known:
+            unknown.append(f"{path}.{key}")
+        else:
+            unknown += unknown_keys(value, known[key], f"{path}.{key}")
+    return unknown
+
+
+def test_jaeger_chart_values_use_only_keys_of_the_chart() -> None:
+    chart = load_yaml(reference(JAEGER_CHART_VALUES))
+    values = load_yaml(HELM_JAEGER)
+    assert unknown_keys(values, chart) == []
+    assert values["tag"] == "2.19.0"
+    backends = values["userconfig"]["extensions"]["jaeger_storage"]["backends"]
+    assert {kind for backend in backends.values() for kind in backend} <= {
+        "elasticsearch",
+        "opensearch",
+    }
+
+
+# -- yamllint and the README -----------------------------------------------------------------
+
+
+def test_yamllint_passes_on_deploy() -> None:
+    run("yamllint", "--strict", "-c", str(DEPLOY / ".yamllint"), str(DEPLOY))
+
+
+def test_readme_gives_the_commands_urls_panels_and_alerts() -> None:
+    readme = README.read_text()
+    for text in (
+        "docker compose -f deploy/compose/docker-compose.yaml up -d",
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318",
+        "http://localhost:3000",
+        "http://localhost:16686",
+        "http://localhost:9090",
+        "http://localhost:9093",
+        "helm install",
+        "--version 0.170.0",
+        "--version 4.11.1",
+    ):
+        assert text in readme, text
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        assert panel["title"] in readme, panel["title"]
