@@ -260,7 +260,7 @@ class Emitter:
             span.set_status(Status(StatusCode.ERROR))
         span.end(tl.to_epoch_ns(tl.end_ns))
 
-        self._record_metrics(tl, ctx, found, status, err_type, ttfc)
+        self._record_metrics(tl, ctx, found, status, err_type, ttfc, processing)
         if tl.call is not None:
             self._attempt_ends(tl, err_type, found)
 
@@ -299,6 +299,7 @@ class Emitter:
         status: int | None,
         err_type: str | None,
         ttfc: float | None,
+        processing: float | None,
     ) -> None:
         host = tl.host
         method = tl.method
@@ -313,17 +314,7 @@ class Emitter:
         if err_type is not None:
             attributes[sc.ERROR_TYPE] = err_type
         metrics = self.metrics
-        processing = hdr.parse_number(hdr.first(found, hdr.PROCESSING_MS_HEADER))
-        metrics.attempt(
-            tl.duration,
-            attributes,
-            host,
-            status,
-            tl.reused,
-            ttfc,
-            None if processing is None else processing / 1000.0,
-            ctx,
-        )
+        metrics.attempt(tl.duration, attributes, host, status, tl.reused, ttfc, processing, ctx)
         for header, kind in hdr.RATELIMIT_REMAINING_HEADERS.items():
             remaining = hdr.parse_number(hdr.first(found, header))
             if remaining is not None:
