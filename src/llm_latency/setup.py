@@ -37,7 +37,8 @@ def _exporter_names(variable: str) -> list[str]:
     return [name.strip().lower() for name in value.split(",") if name.strip()]
 
 
-def _span_exporter(name: str) -> SpanExporter | None:
+def span_exporter(name: str) -> SpanExporter | None:
+    """The span exporter an ``OTEL_TRACES_EXPORTER`` name stands for (otlp, console)."""
     if name == "console":
         return ConsoleSpanExporter()
     if name != "otlp":
@@ -54,7 +55,8 @@ def _span_exporter(name: str) -> SpanExporter | None:
     return OTLPSpanExporter()
 
 
-def _metric_exporter(name: str) -> MetricExporter | None:
+def metric_exporter(name: str) -> MetricExporter | None:
+    """The metric exporter an ``OTEL_METRICS_EXPORTER`` name stands for (otlp, console)."""
     if name == "console":
         return ConsoleMetricExporter()
     if name != "otlp":
@@ -99,7 +101,7 @@ def configure_providers(*, traces: bool = True, metrics_: bool = True) -> tuple[
         for name in _exporter_names("OTEL_TRACES_EXPORTER"):
             if name == "none":
                 continue
-            span_exporter = _span_exporter(name)
+            span_exporter = span_exporter(name)
             if span_exporter is not None:
                 tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
         trace.set_tracer_provider(tracer_provider)
@@ -109,7 +111,7 @@ def configure_providers(*, traces: bool = True, metrics_: bool = True) -> tuple[
         for name in _exporter_names("OTEL_METRICS_EXPORTER"):
             if name == "none":
                 continue
-            metric_exporter = _metric_exporter(name)
+            metric_exporter = metric_exporter(name)
             if metric_exporter is not None:
                 readers.append(PeriodicExportingMetricReader(metric_exporter))
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import llm_latency
 from llm_latency.cli.results import SpanCollector
-from llm_latency.setup import _metric_exporter, _span_exporter
+from llm_latency.setup import metric_exporter, span_exporter
 
 
 def otlp_endpoint() -> str | None:
@@ -35,10 +35,10 @@ def instrumented(service: str, clients: list[str]) -> Iterator[SpanCollector]:
     tracer_provider.add_span_processor(collector)
     readers: list[MetricReader] = []
     if otlp_endpoint():
-        span_exporter = _span_exporter("otlp")
+        span_exporter = span_exporter("otlp")
         if span_exporter is not None:
             tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        metric_exporter = _metric_exporter("otlp")
+        metric_exporter = metric_exporter("otlp")
         if metric_exporter is not None:
             readers.append(PeriodicExportingMetricReader(metric_exporter, 5000))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
