@@ -101,9 +101,9 @@ def configure_providers(*, traces: bool = True, metrics_: bool = True) -> tuple[
         for name in _exporter_names("OTEL_TRACES_EXPORTER"):
             if name == "none":
                 continue
-            span_exporter = span_exporter(name)
-            if span_exporter is not None:
-                tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+            spans_out = span_exporter(name)
+            if spans_out is not None:
+                tracer_provider.add_span_processor(BatchSpanProcessor(spans_out))
         trace.set_tracer_provider(tracer_provider)
         traces_done = True
     if metrics_ and not meter_provider_is_set():
@@ -111,9 +111,9 @@ def configure_providers(*, traces: bool = True, metrics_: bool = True) -> tuple[
         for name in _exporter_names("OTEL_METRICS_EXPORTER"):
             if name == "none":
                 continue
-            metric_exporter = metric_exporter(name)
-            if metric_exporter is not None:
-                readers.append(PeriodicExportingMetricReader(metric_exporter))
+            metrics_out = metric_exporter(name)
+            if metrics_out is not None:
+                readers.append(PeriodicExportingMetricReader(metrics_out))
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
         metrics_done = True
     return traces_done, metrics_done

@@ -35,12 +35,12 @@ def instrumented(service: str, clients: list[str]) -> Iterator[SpanCollector]:
     tracer_provider.add_span_processor(collector)
     readers: list[MetricReader] = []
     if otlp_endpoint():
-        span_exporter = span_exporter("otlp")
-        if span_exporter is not None:
-            tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        metric_exporter = metric_exporter("otlp")
-        if metric_exporter is not None:
-            readers.append(PeriodicExportingMetricReader(metric_exporter, 5000))
+        spans_out = span_exporter("otlp")
+        if spans_out is not None:
+            tracer_provider.add_span_processor(BatchSpanProcessor(spans_out))
+        metrics_out = metric_exporter("otlp")
+        if metrics_out is not None:
+            readers.append(PeriodicExportingMetricReader(metrics_out, 5000))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     llm_latency.instrument(
         tracer_provider=tracer_provider,
