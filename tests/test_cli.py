@@ -264,3 +264,38 @@ def test_timeout(client: str) -> None:
     with mock_server("--ttfb", "3") as mock:
         line = one_error_line(run_cli("probe", mock.url, "--timeout", "0.3", "--client", client))
     assert "timed out" in line
+
+
+def test_probe_exports_otlp_when_the_endpoint_is_set() -> None:
+    """With OTEL_EXPORTER_OTLP_ENDPOINT set, the probe's spans and metrics go out over OTLP
+    (http/protobuf) too: a loopback receiver gets them."""
+    import http.server
+    import threading
+
+    received: dict[str, bytes] = {}
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received[self.path] = received.get(self.path, b"") + body
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=collector.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{collector.server_address[1]}"
+        with mock_server("--ttfb", "0.05", "--tokens", "1") as mock:
+            result = run_cli("probe", mock.url, "-n", "2",
+                             env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})  # fmt: skip
+    finally:
+        collector.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert b"http.wait" in received["/v1/traces"]
+    assert b"llm-latency-probe" in received["/v1/traces"]  # the service name
+    assert b"llm_latency.phase.duration" in received["/v1/metrics"]
