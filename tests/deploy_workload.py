@@ -29,13 +29,16 @@ import argparse
 import asyncio
 import json
 import re
+import shutil
 import ssl
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +66,28 @@ WORKLOAD_HOST = "llm.test"
 
 def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
+
+
+INSTALL_HINTS = {
+    "docker-compose": "apt-get install -y docker-compose",
+    "promtool": "apt-get install -y prometheus",
+    "prometheus": "apt-get install -y prometheus",
+    "amtool": "apt-get install -y prometheus-alertmanager",
+    "check-jsonschema": "pip install check-jsonschema",
+    "yamllint": "pip install yamllint",
+}
+
+
+def tool(name: str) -> str:
+    """The path of a command-line tool: the virtual environment's, else on PATH. A missing tool
+    fails the test (it is not skipped): CI installs them all."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed; CI installs it: {INSTALL_HINTS[name]}")
+    return found
 
 
 # -- what the bundle queries -------------------------------------------------------------------

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import sys
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -43,33 +41,13 @@ from tests.deploy_workload import (
     alert_rules,
     all_queries,
     load_yaml,
+    tool,
 )
 
 REFERENCE = ROOT.parent / "shared" / "reference"
 MANIFEST = REFERENCE / "otelcol-contrib-0.159.0.manifest.yaml"
 COLLECTOR_CHART_SCHEMA = REFERENCE / "opentelemetry-collector-chart-0.170.0.values.schema.json"
 JAEGER_CHART_VALUES = REFERENCE / "jaeger-chart-4.11.1.values.yaml"
-
-INSTALL_HINTS = {
-    "docker-compose": "apt-get install -y docker-compose",
-    "promtool": "apt-get install -y prometheus",
-    "prometheus": "apt-get install -y prometheus",
-    "amtool": "apt-get install -y prometheus-alertmanager",
-    "check-jsonschema": "pip install check-jsonschema",
-    "yamllint": "pip install yamllint",
-}
-
-
-def tool(name: str) -> str:
-    """The path of a command-line tool: the virtual environment's, else on PATH; fails the test
-    (it does not skip it) when the tool is missing."""
-    local = Path(sys.executable).parent / name
-    if local.exists():
-        return str(local)
-    found = shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is not installed; CI installs it: {INSTALL_HINTS[name]}")
-    return found
 
 
 def run(*args: str, cwd: Path = ROOT) -> str:
@@ -148,35 +126,35 @@ def test_alerting_rules_pass_their_unit_tests() -> None:
 
 
 def test_every_alert_has_a_unit_test_that_fires_on_a_bad_series_and_not_on_a_good_one() -> None:
-    """Each alert has a test that expects it to fire, whose input also has series (another
-    host or program) that it must not fire for, and a test time where it must be silent."""
+    """Each alert has a test that expects it to fire, whose input also has a series that it must
+    not fire for (another host, program or phase: the test's expected alerts list every alert
+    that fires), and a test time where it is silent."""
     tests = load_yaml(RULES_TEST_FILE)["tests"]
     assert load_yaml(RULES_TEST_FILE)["rule_files"] == ["../rules/llm-latency.rules.yaml"]
     for rule in alert_rules():
         name = rule["alert"]
-        fires_with_a_good_series = silent = False
+        fires_beside_a_good_series = silent = False
         for group in tests:
-            series = [s["series"] for s in group.get("input_series", [])]
+            series = [
+                dict(re.findall(r'(\w+)="([^"]*)"', s["series"]))
+                for s in group.get("input_series", [])
+            ]
             for case in group.get("alert_rule_test", []):
                 if case["alertname"] != name:
                     continue
                 if not case["exp_alerts"]:
                     silent = True
                     continue
-                alerted = {
-                    value
+                expected = [
+                    {k: v for k, v in alert["exp_labels"].items() if k != "severity"}
                     for alert in case["exp_alerts"]
-                    for key, value in alert["exp_labels"].items()
-                    if key in ("job", "server_address")
-                }
-                seen = {
-                    value
-                    for s in series
-                    for value in re.findall(r'(?:job|server_address)="([^"]*)"', s)
-                }
-                if seen - alerted:
-                    fires_with_a_good_series = True
-        assert fires_with_a_good_series, f"{name}: no test where it fires beside a good series"
+                ]
+                keys = set(expected[0])
+                for labels in series:
+                    if keys and keys <= set(labels):
+                        projected = {key: labels[key] for key in keys}
+                        fires_beside_a_good_series |= projected not in expected
+        assert fires_beside_a_good_series, f"{name}: no test where it fires beside a good series"
         assert silent, f"{name}: no test where it stays silent"
 
 
@@ -219,6 +197,19 @@ def test_the_queries_cover_every_metric_of_the_contract() -> None:
         "llm_latency_ratelimit_remaining",
     ):
         assert name in text, name
+
+
+def test_semantic_convention_metrics_are_selected_by_llm_latency_scope() -> None:
+    """http.client.request.duration and gen_ai.client.operation.time_to_first_chunk have names
+    other instrumentations (and the bundle's own components) record too: every query selects
+    llm-latency's by instrumentation scope."""
+    shared = r"(?:http_client_request_duration|gen_ai_client_operation_time_to_first_chunk)_seconds"
+    for query in all_queries():
+        for match in re.finditer(shared + r"_\w+(\{[^}]*\})?", query.expr):
+            assert match.group(1) and 'otel_scope_name="llm_latency"' in match.group(1), (
+                query.where,
+                match.group(0),
+            )
 
 
 # -- Grafana ---------------------------------------------------------------------------------
@@ -491,7 +482,8 @@ def test_agent_routes_traces_by_trace_id_to_the_sampling_gateway() -> None:
     assert exporter["routing_key"] == "traceID"
     resolver = exporter["resolver"]["dns"]
     assert resolver["hostname"].startswith(gateway["fullnameOverride"] + ".")
-    assert resolver["port"] == gateway["ports"]["otlp"]["containerPort"]
+    assert "port" not in resolver  # the resolver's default, 4317, the gateway's OTLP gRPC port
+    assert gateway["ports"]["otlp"]["containerPort"] == 4317
     assert gateway["service"]["clusterIP"] == "None"  # headless: one address per pod
     traces = agent["config"]["service"]["pipelines"]["traces"]
     assert traces["exporters"] == ["span_metrics", "load_balancing"]

@@ -1,0 +1,290 @@
+"""The dashboard's and the alert rules' queries against a real Prometheus (the Debian package)
+that scrapes a real instrumented program (tests/deploy_workload.py) every second on loopback.
+
+Every PromQL expression of the dashboard, of the Grafana datasources (trace-to-metrics links)
+and of the alert rules must return data, with Grafana's variables replaced as Grafana would
+($job and $server: All; $__rate_interval: 1m; $__range: 5m; $__tags: the workload's host).
+
+An alert expression is a threshold, empty while all is well, so it cannot show that its
+series exist. Each alert is taken apart instead (tests.deploy_workload.data_checks, on the
+promql-parser AST): a comparison with a number is evaluated without its threshold, both sides
+of ``and``/``or`` are evaluated, ``absent(x)`` evaluates ``x``. For example LLMWaitP95High
+evaluates ``histogram_quantile(0.95, ...)`` without ``> 30``, and LLMNoRequests evaluates
+``sum by (job) (rate(http_client_request_duration_seconds_count{...}[15m]))`` and
+``http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}``. The rules are
+also loaded into this Prometheus, which must evaluate each of them without error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llm_latency.semconv import DURATION_BUCKETS
+from llm_latency.timeline import PHASE_NAMES
+from tests.deploy_workload import (
+    ROOT,
+    RULES_FILE,
+    WORKLOAD_HOST,
+    Query,
+    all_queries,
+    data_checks,
+    tool,
+)
+
+#: How long the whole module may wait for every query to return data.
+DEADLINE_SECONDS = 40.0
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: Linux sends it SIGTERM when the test process dies, so that no
+    Prometheus outlives an interrupted test run (the workload also stops by itself)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_workload() -> tuple[subprocess.Popen[str], int]:
+    """The instrumented program, for at most 90 s; returns it and its metrics port."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.deploy_workload", "--seconds", "90"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=die_with_parent,
+    )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 20)
+    line = process.stdout.readline() if ready else ""
+    if not line.startswith("metrics http://127.0.0.1:"):
+        process.kill()
+        _, stderr = process.communicate(timeout=10)
+        pytest.fail(f"the workload did not start: {line!r}\n{stderr}")
+    port = int(line.split(":")[2].split("/")[0])
+    return process, port
+
+
+class Prometheus:
+    """A real Prometheus on loopback that scrapes the workload every second and evaluates the
+    bundle's alert rules every second."""
+
+    def __init__(self, directory: Path, target_port: int) -> None:
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES_FILE)],
+            "scrape_configs": [
+                {
+                    "job_name": "deploy-workload",
+                    "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}],
+                }
+            ],
+        }
+        config_file = directory / "prometheus.yaml"
+        config_file.write_text(yaml.safe_dump(config))
+        self.log = (directory / "prometheus.log").open("w")
+        self.process = subprocess.Popen(
+            [
+                tool("prometheus"),
+                f"--config.file={config_file}",
+                f"--storage.tsdb.path={directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--enable-feature=exemplar-storage",
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+        self.log_file = directory / "prometheus.log"
+
+    def get(self, path: str, **params: str) -> Any:
+        url = f"http://127.0.0.1:{self.port}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"prometheus exited:\n{self.log_file.read_text()}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.2)
+        pytest.fail(f"prometheus not ready after {timeout} s:\n{self.log_file.read_text()}")
+
+    def query(self, promql: str) -> list[Any]:
+        body = self.get("/api/v1/query", query=promql)
+        assert body["status"] == "success", body
+        result = body["data"]["result"]
+        if body["data"]["resultType"] in ("scalar", "string"):
+            return [result]
+        return list(result)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    workload, port = start_workload()
+    server = Prometheus(tmp_path_factory.mktemp("prometheus"), port)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        workload.terminate()
+        try:
+            workload.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            workload.kill()
+            workload.wait()
+
+
+def checks() -> list[tuple[Query, str]]:
+    """(query, PromQL that must return data): the dashboard's and datasources' queries as they
+    are; each alert as the parts of it that must have data (data_checks)."""
+    import promql_parser
+
+    result = []
+    for query in all_queries():
+        if query.alert:
+            parts = data_checks(promql_parser.parse(query.promql))
+            result += [(query, str(part)) for part in parts]
+        else:
+            result.append((query, query.promql))
+    return result
+
+
+CHECKS = checks()
+
+
+def check_id(index: int) -> str:
+    query, _ = CHECKS[index]
+    parts = [i for i, (q, _) in enumerate(CHECKS) if q == query]
+    return query.where if len(parts) == 1 else f"{query.where}, part {parts.index(index) + 1}"
+
+
+@pytest.fixture(scope="module")
+def answers(prometheus: Prometheus) -> dict[str, list[Any]]:
+    """Every check's result, once all return data or the deadline passed (the workload needs a
+    few scrapes before rates and quantiles have two samples)."""
+    results: dict[str, list[Any]] = {}
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        for _, promql in CHECKS:
+            if not results.get(promql):
+                results[promql] = prometheus.query(promql)
+        if all(results.values()) or time.monotonic() > deadline:
+            return results
+        time.sleep(1)
+
+
+def test_alerts_are_taken_apart_into_their_series() -> None:
+    """Thresholds, and/or branches and absent() are split as the module docstring says."""
+    by_alert: dict[str, list[str]] = {}
+    for query, promql in CHECKS:
+        if query.alert:
+            by_alert.setdefault(query.where, []).append(promql)
+    assert len(by_alert) == 8
+    for parts in by_alert.values():
+        for part in parts:
+            assert not part.endswith(("> 30", "> 10", "> 0.5", "< 5", "== 0")), part
+    no_requests = by_alert["alert LLMNoRequests"]
+    assert (
+        no_requests[1]
+        == 'http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}'
+    )
+    assert len(by_alert["alert LLMNewConnectionShareHigh"]) == 2
+    assert len(by_alert["alert LLMRateLimitNearZero"]) == 2
+
+
+@pytest.mark.parametrize(("query", "promql"), CHECKS, ids=[check_id(i) for i in range(len(CHECKS))])
+def test_query_returns_data(query: Query, promql: str, answers: dict[str, list[Any]]) -> None:
+    assert answers[promql], f"{query.where}: no data for {promql}"
+
+
+def test_the_workload_exports_the_names_the_collector_exports(
+    prometheus: Prometheus, answers: dict[str, list[Any]]
+) -> None:
+    """The names, labels and buckets of DESIGN.md ("Metrics"), as Prometheus stores them."""
+    names = set(prometheus.get("/api/v1/label/__name__/values")["data"])
+    histograms = (
+        "http_client_request_duration_seconds",
+        "llm_latency_phase_duration_seconds",
+        "llm_latency_server_processing_time_seconds",
+        "gen_ai_client_operation_time_to_first_chunk_seconds",
+    )
+    expected = {f"{h}_{suffix}" for h in histograms for suffix in ("bucket", "sum", "count")}
+    expected |= {
+        "llm_latency_retries_total",
+        "llm_latency_rate_limited_total",
+        "llm_latency_connections_total",
+        "llm_latency_ratelimit_remaining",
+    }
+    assert expected <= names, sorted(expected - names)
+
+    def values(label: str, selector: str) -> set[str]:
+        return {series["metric"][label] for series in prometheus.query(selector)}
+
+    phases = values("llm_latency_phase", "llm_latency_phase_duration_seconds_count")
+    assert phases == set(PHASE_NAMES)
+    assert values("llm_latency_connection_reused", "llm_latency_connections_total") == {
+        "true",
+        "false",
+    }
+    assert values("llm_latency_ratelimit_kind", "llm_latency_ratelimit_remaining") == {
+        "requests",
+        "tokens",
+    }
+    assert values("http_response_status_code", "llm_latency_retries_total") == {"429"}
+    assert values("server_address", "llm_latency_rate_limited_total") == {WORKLOAD_HOST}
+    request = prometheus.query("http_client_request_duration_seconds_count")[0]["metric"]
+    assert {"http_request_method", "server_address", "server_port"} <= set(request)
+    buckets = values("le", 'llm_latency_phase_duration_seconds_bucket{llm_latency_phase="wait"}')
+    assert sorted(float(b) for b in buckets) == [*DURATION_BUCKETS, float("inf")]
+
+
+def test_prometheus_evaluates_every_rule_without_error(
+    prometheus: Prometheus, answers: dict[str, list[Any]]
+) -> None:
+    groups = prometheus.get("/api/v1/rules")["data"]["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    assert len(rules) == 8
+    for rule in rules:
+        assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
