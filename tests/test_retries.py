@@ -15,6 +15,7 @@ import httpx2
 import openai
 import pytest
 import requests
+import urllib3
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
@@ -376,3 +377,17 @@ def test_transient_statuses(status: int, expected: bool) -> None:
     response = httpx2.Response(status, request=request)
     error = httpx2.HTTPStatusError("status", request=request, response=response)
     assert is_transient(error) is expected
+
+
+async def test_no_backoff_after_a_redirect(telemetry: Telemetry, server: LLMServer) -> None:
+    """Two attempts of one call (urllib3 follows the 302 inside one urlopen), the first a
+    redirect: the second is no retry, and nothing waited."""
+
+    def work() -> int:
+        pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port)
+        return int(pool.urlopen("GET", "/redirect", redirect=True).status)
+
+    assert await asyncio.to_thread(work) == 200
+    assert len(telemetry.requests()) == 2
+    assert [s for s in telemetry.spans() if s.name == "retry.backoff"] == []
+    assert telemetry.metric_points("llm_latency.retries") == []

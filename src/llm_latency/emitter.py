@@ -117,8 +117,9 @@ class Emitter:
         timeline.call = call
         if call.helper_attempt > timeline.resend_count:
             timeline.resend_count = call.helper_attempt
-        if call.attempts and call.last_end_epoch_ns and not call.own_backoffs:
-            # The wait between the previous attempt of this call and this one.
+        if call.last_reason is not None and call.last_end_epoch_ns and not call.own_backoffs:
+            # The wait between the previous, failed attempt of this call and this one (after a
+            # success, as after a redirect, the next attempt is no retry).
             backoff = self.start_backoff(
                 call.last_reason, call.last_retry_after, call.last_host, call.last_end_epoch_ns
             )
