@@ -25,6 +25,7 @@ from llm_latency import semconv as sc
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
+from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import PHASE_NAMES, WAIT, Timeline
 from llm_latency.urls import redact, route_template
 
@@ -101,7 +102,9 @@ class Emitter:
             links = [Link(previous.span.get_span_context())]
         span = self._tracer.start_span(
             name,
-            kind=_CLIENT,
+            # Under an official HTTP client instrumentation's span for the same request, ours
+            # is its detail: one CLIENT span per request.
+            kind=_INTERNAL if under_http_client_span() else _CLIENT,
             attributes=attributes,
             links=links,
             start_time=timeline.epoch_start_ns,

@@ -30,11 +30,11 @@ from aiohttp import client_proto, client_reqrep, connector, streams
 from aiohttp.client import ClientSession
 from aiohttp.client_exceptions import ClientConnectionError
 from aiohttp.helpers import is_ip_address
-from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
 
 from llm_latency.adapters._patching import Patches
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
+from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import (
     CONNECT,
     DNS,
@@ -156,7 +156,7 @@ class AiohttpAdapter:
         emitter = self._emitter
 
         async def _request(session: Any, *args: Any, **kwargs: Any) -> Any:
-            if not is_http_instrumentation_enabled():
+            if not tracing_allowed():
                 return await original(session, *args, **kwargs)
             call = _Call()
             token = _call.set(call)

@@ -26,12 +26,11 @@ import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
-
 from llm_latency.adapters._patching import Patches
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
+from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, _now
 
 _RETRY_COUNT = b"x-stainless-retry-count"
@@ -313,7 +312,7 @@ class HttpcoreAdapter:
         begin = self._begin
 
         def handle_request(pool: Any, request: Any) -> Any:
-            if not is_http_instrumentation_enabled():
+            if not tracing_allowed():
                 return original(pool, request)
             attempt = begin(request, _SyncTrace)
             if attempt is None:
@@ -337,7 +336,7 @@ class HttpcoreAdapter:
         begin = self._begin
 
         async def handle_async_request(pool: Any, request: Any) -> Any:
-            if not is_http_instrumentation_enabled():
+            if not tracing_allowed():
                 return await original(pool, request)
             attempt = begin(request, _AsyncTrace)
             if attempt is None:

@@ -25,7 +25,6 @@ from contextvars import ContextVar
 from typing import Any, Final
 
 import urllib3
-from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
 from urllib3 import connection, connectionpool, response
 
 from llm_latency.adapters._patching import Patches
@@ -33,6 +32,7 @@ from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
+from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, _now
 
 _ATTEMPT: Final = "_llm_latency_attempt"
@@ -127,7 +127,7 @@ class RequestsAdapter:
             *args: Any,
             **kwargs: Any,
         ) -> Any:
-            if not is_http_instrumentation_enabled():
+            if not tracing_allowed():
                 return original(pool, method, url, body, headers, retries, *args, **kwargs)
             if headers is None:
                 headers = dict(pool.headers)

@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from opentelemetry import context
-from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
 from opentelemetry.trace import set_span_in_context
 
 from llm_latency import semconv as sc
 from llm_latency.adapters._patching import Patches
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
+from llm_latency.suppression import tracing_allowed
 
 
 class SdkAdapter:
@@ -44,7 +44,7 @@ class SdkAdapter:
         self._patches.restore()
 
     def _enter(self, options: Any) -> tuple[LogicalCall, Any, Any] | None:
-        if not is_http_instrumentation_enabled():
+        if not tracing_allowed():
             return None
         try:
             method = str(getattr(options, "method", "")).upper()

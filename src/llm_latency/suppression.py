@@ -1,0 +1,46 @@
+"""When llm-latency traces a request: OTel suppression, and other instrumentations' spans.
+
+- ``suppress_instrumentation()`` (the OTLP exporters' own requests, for one): never traced.
+- ``suppress_http_instrumentation()``: not traced, unless the span that set it is an official
+  HTTP client instrumentation's request span (``opentelemetry-instrumentation-requests`` sets it
+  around every request it traces): then llm-latency still records the phases, under that span.
+- Under an official HTTP client instrumentation's CLIENT span, llm-latency's attempt span is
+  INTERNAL, so each request has one CLIENT span (theirs), with ours and the phases beneath it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from opentelemetry.context import _SUPPRESS_HTTP_INSTRUMENTATION_KEY, get_value
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.trace import SpanKind, get_current_span
+
+#: The official instrumentations whose CLIENT spans stand for the same HTTP request.
+HTTP_CLIENT_SCOPES: Final = frozenset(
+    {
+        "opentelemetry.instrumentation.aiohttp_client",
+        "opentelemetry.instrumentation.httpx",
+        "opentelemetry.instrumentation.requests",
+        "opentelemetry.instrumentation.urllib3",
+        "opentelemetry.instrumentation.urllib",
+    }
+)
+
+
+def under_http_client_span() -> bool:
+    """Whether the current span is an official HTTP client instrumentation's request span."""
+    span = get_current_span()
+    if getattr(span, "kind", None) is not SpanKind.CLIENT or not span.is_recording():
+        return False
+    scope = getattr(span, "instrumentation_scope", None)
+    return scope is not None and scope.name in HTTP_CLIENT_SCOPES
+
+
+def tracing_allowed() -> bool:
+    """Whether the request about to start is to be traced (see the module docstring)."""
+    if not is_instrumentation_enabled():
+        return False
+    if get_value(_SUPPRESS_HTTP_INSTRUMENTATION_KEY):
+        return under_http_client_span()
+    return True
