@@ -58,6 +58,9 @@ class Emitter:
         self._failure_logged = False
         self.metrics = AttemptMetrics(meter)
         self._phase_writer = PhaseSpanWriter(tracer)
+        # Attempts started and not yet ended: ended by finish_all() when the plugin is
+        # uninstrumented, since the hooks that would end them are gone then.
+        self._open: set[Timeline] = set()
 
     # -- start --------------------------------------------------------------------------------
 
@@ -110,6 +113,7 @@ class Emitter:
             start_time=timeline.epoch_start_ns,
         )
         timeline.span = span
+        self._open.add(timeline)
         if carrier is not None:
             propagate.inject(carrier, context=set_span_in_context(span))
         return span
@@ -193,6 +197,7 @@ class Emitter:
         """End the attempt exactly once: phase spans, attributes, metrics. Never raises."""
         if not timeline.close(at):
             return
+        self._open.discard(timeline)
         try:
             self._emit(timeline)
         except Exception:  # never break the host program
@@ -204,6 +209,11 @@ class Emitter:
                 span.end(timeline.to_epoch_ns(timeline.end_ns))
             if timeline.call is not None:
                 self._attempt_ends(timeline, None, {})
+
+    def finish_all(self) -> None:
+        """End every attempt still open (at uninstrument: their end can no longer be seen)."""
+        for timeline in list(self._open):
+            self.finish(timeline)
 
     def _emit(self, tl: Timeline) -> None:
         span: Span | None = tl.span

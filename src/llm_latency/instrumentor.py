@@ -123,4 +123,6 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         adapters = getattr(self, "_adapters", [])
         while adapters:
             adapters.pop().uninstall()
+        if self.emitter is not None:
+            self.emitter.finish_all()
         self.emitter = None

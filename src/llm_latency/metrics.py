@@ -8,7 +8,9 @@ on every attempt would export, at a fraction of the cost on the request path.
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +21,17 @@ from llm_latency import semconv as sc
 
 Attributes = tuple[tuple[str, Any], ...]
 
+_ALL_TALLIES: weakref.WeakSet[_Tallies] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for tallies in list(_ALL_TALLIES):
+        tallies._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
 
 class _Tallies:
     """Thread-safe running totals (or last values) per attribute set."""
@@ -26,6 +39,13 @@ class _Tallies:
     def __init__(self) -> None:
         self._values: dict[Attributes, float] = {}
         self._lock = threading.Lock()
+        _ALL_TALLIES.add(self)
+
+    def _after_fork(self) -> None:
+        # A forked worker starts with one thread: a lock held by another thread of the parent
+        # at the fork would stay held forever. The totals so far are the parent's to report.
+        self._lock = threading.Lock()
+        self._values = {}
 
     def add(self, key: Attributes, amount: float = 1) -> None:
         with self._lock:

@@ -147,8 +147,9 @@ class AiohttpAdapter:
         p.replace(reader, "_wait", self._wrap_wait(reader._wait))
 
     def uninstall(self) -> None:
-        """Undo every patch. Attempts in flight still end: their callbacks stay registered."""
+        """Undo every patch. The emitter ends the attempts still in flight."""
         self._patches.restore()
+        _streams.clear()
 
     # -- the call and the attempt -------------------------------------------------------------
 
