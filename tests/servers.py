@@ -5,6 +5,7 @@ injected, so tests can check phases."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import socket
@@ -111,7 +112,7 @@ class LLMServer:
     port: int
     scheme: str
     runner: web.AppRunner
-    requests: list[dict[str, Any]] = field(default_factory=list)
+    requests: collections.deque[dict[str, Any]] = field(default_factory=collections.deque)
 
     def url(self, path: str = "/v1/chat/completions", host: str | None = None, **query: Any) -> str:
         qs = "&".join(f"{k}={v}" for k, v in query.items())
@@ -125,7 +126,7 @@ ATTEMPTS = web.AppKey("attempts", dict)
 async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncIterator[LLMServer]:
     app = web.Application()
     app[ATTEMPTS] = {}
-    seen: list[dict[str, Any]] = []
+    seen: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)  # the latest
 
     @web.middleware
     async def record(request: web.Request, handler: Any) -> web.StreamResponse:
