@@ -1,0 +1,121 @@
+"""Throughput with llm-latency against without, on loopback, where the plugin's cost shows most.
+
+The loopback server of ``overhead.py`` runs in its own process; each mode runs in a fresh
+interpreter for several rounds (rotating order): aiohttp with ``--concurrency`` requests in
+flight for ``--seconds``, counting completed requests. Modes: bare, the official
+instrumentation, llm-latency (phase spans on and off). Reported: median requests per second and
+the ratio to bare (target for llm-latency: at least 0.9).
+
+    python bench/throughput.py
+    python bench/throughput.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from overhead import MODES, _instrument, serve
+
+
+def work(mode: str, port: int, seconds: float, concurrency: int, stream: bool) -> dict[str, float]:
+    import aiohttp
+
+    if mode != "bare":
+        _instrument("aiohttp", mode)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions" + ("?stream=1" if stream else "")
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+
+    async def main() -> dict[str, float]:
+        done = 0
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def one() -> None:
+                async with session.post(url, json=payload) as response:
+                    async for _ in response.content.iter_any():
+                        pass
+
+            for _ in range(50):  # warm-up
+                await one()
+            deadline = time.perf_counter() + seconds
+
+            async def loop() -> None:
+                nonlocal done
+                while time.perf_counter() < deadline:
+                    await one()
+                    done += 1
+
+            started = time.perf_counter()
+            cpu = time.process_time()
+            await asyncio.gather(*(loop() for _ in range(concurrency)))
+            elapsed = time.perf_counter() - started
+            return {
+                "rps": done / elapsed,
+                "cpu_per_request_us": (time.process_time() - cpu) / done * 1e6,
+            }
+
+    return asyncio.run(main())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--stream", action="store_true", help="100 SSE events per response")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    if args.worker:
+        mode, port = args.worker
+        print(json.dumps(work(mode, int(port), args.seconds, args.concurrency, args.stream)))
+        return
+    rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.seconds)
+    port_file = Path(f"/tmp/llm-latency-throughput-{os.getpid()}.port")
+    server = subprocess.Popen([sys.executable, str(Path(__file__).parent / "overhead.py"),
+                               "--serve", str(port_file)])  # fmt: skip
+    samples: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    try:
+        while not (port_file.exists() and port_file.read_text()):
+            time.sleep(0.05)
+        port = port_file.read_text()
+        for round_no in range(rounds):
+            order = MODES[round_no % len(MODES) :] + MODES[: round_no % len(MODES)]
+            for mode in order:
+                out = subprocess.run(
+                    [sys.executable, __file__, "--worker", mode, port, "--seconds", str(seconds),
+                     "--concurrency", str(args.concurrency), *(["--stream"] if args.stream else [])],
+                    capture_output=True, text=True, check=True, timeout=600,
+                )  # fmt: skip
+                samples[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"round {round_no + 1}/{rounds} done", file=sys.stderr)
+    finally:
+        server.terminate()
+        server.wait()
+        port_file.unlink(missing_ok=True)
+    bare = statistics.median(s["rps"] for s in samples["bare"])
+    workload = "stream of 100 SSE events" if args.stream else "small JSON completion"
+    print(f"aiohttp, {workload}, {args.concurrency} in flight, {seconds:g} s x {rounds} rounds")
+    print("| mode | requests/s | ratio to bare | client CPU µs/request |")
+    print("|---|---:|---:|---:|")
+    for mode in MODES:
+        rps = statistics.median(s["rps"] for s in samples[mode])
+        cpu = statistics.median(s["cpu_per_request_us"] for s in samples[mode])
+        print(f"| {mode} | {rps:.0f} | {rps / bare:.2f} | {cpu:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
