@@ -14,6 +14,7 @@ import functools
 import inspect
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
@@ -143,6 +144,8 @@ class _Plan:
             asked if asked is not None else backoff_delay(attempt, self.base_delay, self.max_delay)
         )
         if self.deadline is not None and time.monotonic() - self.started + wait > self.deadline:
+            return None
+        if wait > threading.TIMEOUT_MAX:  # a server asking to wait for centuries: give up
             return None
         return wait, asked
 

@@ -401,7 +401,10 @@ class AiohttpAdapter:
             if payload is not None:
                 attempt = _streams.pop(payload, None)
                 if attempt is not None and not attempt.ended:
-                    attempt.fail(_connection_closed())
+                    # A body that ends at the close (no length, not chunked) is complete:
+                    # feed_eof marks the stream before its callbacks release the connection.
+                    if not payload.is_eof():
+                        attempt.fail(_connection_closed())
                     emitter.finish(attempt)
             original(protocol)
 
