@@ -31,8 +31,6 @@ Truncated chunked body (chunk size 0x100, 3 bytes sent, then FIN)
     requests  requests.ChunkedEncodingError        -> receive / ProtocolError (urllib3's)
 Body ends at the close (no Content-Length, not chunked; an SSE stream): not a fault
     all       200 and the whole stream             -> no failed phase, no error.type
-              (aiohttp today: receive / ClientConnectionError, a failure the program never
-              saw: test_crafted_response[body-ends-at-close-aiohttp] fails)
 Cancellation of the task (async clients; requests and sync httpx cannot be cancelled)
     queue     aiohttp, httpx async: CancelledError -> queue / CancelledError
     connect   aiohttp, httpx async: CancelledError -> connect / CancelledError
