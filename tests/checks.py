@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
 import llm_latency
@@ -65,9 +66,12 @@ async def compare(telemetry: Telemetry, scenario: Callable[[], Awaitable[Any]]) 
     return traced
 
 
-def assert_failed(telemetry: Telemetry, phase: str, error_type: str) -> None:
-    """The one request failed in ``phase`` with ``error_type``, recorded as DESIGN.md says."""
-    request = telemetry.request()
+def assert_failed(
+    telemetry: Telemetry, phase: str, error_type: str, request: ReadableSpan | None = None
+) -> None:
+    """The request (the only one, unless given) failed in ``phase`` with ``error_type``, as
+    DESIGN.md says: the failed phase span ERROR with the exception, and no later phase."""
+    request = request or telemetry.request()
     assert request.attributes is not None
     assert request.status.status_code is StatusCode.ERROR
     assert request.attributes["llm_latency.failed_phase"] == phase
@@ -80,7 +84,8 @@ def assert_failed(telemetry: Telemetry, phase: str, error_type: str) -> None:
     assert event.name == "exception"
     assert event.attributes is not None
     assert str(event.attributes["exception.type"]).endswith(error_type)
-    later = [p for p in telemetry.phases(request).values() if p.start_time > failed.end_time]  # type: ignore[operator]
+    assert failed.end_time is not None
+    later = [p for p in telemetry.phases(request).values() if (p.start_time or 0) > failed.end_time]
     assert later == []
 
 

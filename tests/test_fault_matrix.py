@@ -127,28 +127,6 @@ def failed_requests(telemetry: Telemetry) -> list[ReadableSpan]:
     return [r for r in telemetry.requests() if r.attributes and "error.type" in r.attributes]
 
 
-def assert_attempt_failed(
-    telemetry: Telemetry, request: ReadableSpan, phase: str, error_type: str
-) -> None:
-    """``request`` failed in ``phase`` with ``error_type``, as ``checks.assert_failed`` says
-    for a single attempt."""
-    assert request.attributes is not None
-    assert request.status.status_code is StatusCode.ERROR
-    assert request.attributes["llm_latency.failed_phase"] == phase
-    assert request.attributes["error.type"] == error_type
-    phases = telemetry.phases(request)
-    failed = phases[phase]
-    assert failed.status.status_code is StatusCode.ERROR
-    assert failed.attributes is not None
-    assert failed.attributes["error.type"] == error_type
-    (event,) = failed.events
-    assert event.name == "exception"
-    assert event.attributes is not None
-    assert str(event.attributes["exception.type"]).endswith(error_type)
-    assert failed.end_time is not None
-    assert [p for p in phases.values() if (p.start_time or 0) > failed.end_time] == []
-
-
 # -- TLS: the certificate names another host ------------------------------------------------
 
 
@@ -278,7 +256,7 @@ async def test_crafted_response(telemetry: Telemetry, fault: str, kind: str) -> 
         # cut in wait, the second linked to the first.
         first, second = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
         for attempt in (first, second):
-            assert_attempt_failed(telemetry, attempt, phase, error_type)
+            assert_failed(telemetry, phase, error_type, attempt)
         assert second.attributes is not None
         assert second.attributes["http.request.resend_count"] == 1
         assert first.context is not None
@@ -338,7 +316,7 @@ async def test_aiohttp_cancelled_while_queued(telemetry: Telemetry, server: LLMS
     outcome = await compare(telemetry, scenario)
     assert outcome.kind is asyncio.CancelledError
     (failed,) = failed_requests(telemetry)
-    assert_attempt_failed(telemetry, failed, "queue", "CancelledError")
+    assert_failed(telemetry, "queue", "CancelledError", failed)
     assert set(telemetry.phases(failed)) == {"queue"}
 
 
@@ -390,7 +368,7 @@ async def test_httpx_cancelled_while_queued(
     outcome = await compare(telemetry, scenario)
     assert outcome.kind is asyncio.CancelledError
     (failed,) = failed_requests(telemetry)
-    assert_attempt_failed(telemetry, failed, "queue", "CancelledError")
+    assert_failed(telemetry, "queue", "CancelledError", failed)
     assert set(telemetry.phases(failed)) == {"queue"}
     (holder,) = [r for r in telemetry.requests() if r is not failed]
     assert holder.attributes is not None

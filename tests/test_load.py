@@ -94,9 +94,11 @@ async def test_long_run_memory_is_flat_and_nothing_is_dropped(server: LLMServer)
         tracemalloc.stop()
         llm_latency.uninstrument()
     provider.force_flush()
-    # Flat after warm-up: 40,000 more requests grow memory by less than a kilobyte each 100.
+    # Flat after warm-up: 40,000 more requests grow traced memory by less than 50 bytes each
+    # (a request left behind holds several kilobytes: a Timeline, its spans, its response).
+    # What remains is noise of the process (here between 5 kB and 400 kB from run to run).
     growth = traced[total] - traced[checkpoint]
-    assert growth < 400_000, growth
+    assert growth < 2_000_000, growth
     assert live_timelines() == 0
     # Every request span and its three phase spans (pooled: send, wait, receive) exported.
     assert exporter.names["GET /v1/chat/completions"] == total
