@@ -10,6 +10,7 @@ import contextlib
 import socket
 import threading
 from types import TracebackType
+from typing import Self
 
 #: The end of a request's header block.
 _END_OF_HEADERS = b"\r\n\r\n"
@@ -38,19 +39,11 @@ def _read_request(conn: socket.socket, limit: int = 1 << 20) -> bytes:
     return data
 
 
-class RawServer:
-    """Answers each request with ``response`` (bytes, sent as they are), then closes.
+class _Listener:
+    """A TCP listener on 127.0.0.1 (port 0) that hands each connection to ``_accepted`` from
+    a daemon thread, and closes everything on ``close()`` (or leaving a ``with`` block)."""
 
-    The close is graceful: the server reads the whole request first, half-closes (FIN after
-    the crafted bytes), then waits for the client to close, so what the client reads never
-    depends on a reset racing the data. ``response=b""`` is a peer that reads the request and
-    closes without sending a byte. ``response`` may be changed between requests.
-    """
-
-    def __init__(self, response: bytes = b"", *, linger: float = 2.0) -> None:
-        self.response = response
-        self.linger = linger
-        self.requests: list[bytes] = []
+    def __init__(self, name: str) -> None:
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -59,11 +52,10 @@ class RawServer:
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._accept, name="raw-server", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._accept, name=name, daemon=True).start()
 
-    def url(self, path: str = "/v1/chat/completions", scheme: str = "http") -> str:
-        return f"{scheme}://127.0.0.1:{self.port}{path}"
+    def _accepted(self, conn: socket.socket) -> None:
+        raise NotImplementedError
 
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
@@ -74,21 +66,7 @@ class RawServer:
                         conn.close()
                         return
                     self._conns.append(conn)
-                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            conn.settimeout(5.0)
-            request = _read_request(conn)
-            self.requests.append(request)
-            if self.response:
-                conn.sendall(self.response)
-            conn.shutdown(socket.SHUT_WR)
-            conn.settimeout(self.linger)
-            while conn.recv(65536):  # until the client closes (or the linger runs out)
-                pass
-        with contextlib.suppress(OSError):
-            conn.close()
+                self._accepted(conn)
 
     def close(self) -> None:
         with self._lock:
@@ -104,7 +82,7 @@ class RawServer:
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def __enter__(self) -> RawServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -114,6 +92,42 @@ class RawServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class RawServer(_Listener):
+    """Answers each request with ``response`` (bytes, sent as they are), then closes.
+
+    The close is graceful: the server reads the whole request first, half-closes (FIN after
+    the crafted bytes), then waits for the client to close, so what the client reads never
+    depends on a reset racing the data. ``response=b""`` is a peer that reads the request and
+    closes without sending a byte. ``response`` may be changed between requests.
+    """
+
+    def __init__(self, response: bytes = b"", *, linger: float = 2.0) -> None:
+        self.response = response
+        self.linger = linger
+        self.requests: list[bytes] = []
+        super().__init__("raw-server")
+
+    def url(self, path: str = "/v1/chat/completions", scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
+
+    def _accepted(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            conn.settimeout(5.0)
+            request = _read_request(conn)
+            self.requests.append(request)
+            if self.response:
+                conn.sendall(self.response)
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(self.linger)
+            while conn.recv(65536):  # until the client closes (or the linger runs out)
+                pass
+        with contextlib.suppress(OSError):
+            conn.close()
 
 
 def response(
@@ -130,7 +144,7 @@ def response(
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-class BlackHole:
+class BlackHole(_Listener):
     """Accepts connections and never answers: a collector that hangs, a TLS server that never
     says hello. With ``read=False`` it does not even read, so a large request body stalls.
 
@@ -141,50 +155,16 @@ class BlackHole:
         self.read = read
         self.connections = 0
         self.received = 0
-        self._listener = socket.socket()
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self.port: int = self._listener.getsockname()[1]
-        self._conns: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name="black-hole", daemon=True).start()
+        super().__init__("black-hole")
 
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = self._listener.accept()
-                with self._lock:
-                    self.connections += 1
-                    self._conns.append(conn)
-                if self.read:
-                    threading.Thread(target=self._swallow, args=(conn,), daemon=True).start()
+    def _accepted(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+        if self.read:
+            threading.Thread(target=self._swallow, args=(conn,), daemon=True).start()
 
     def _swallow(self, conn: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := conn.recv(65536):
                 with self._lock:
                     self.received += len(data)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                conn.close()
-
-    def __enter__(self) -> BlackHole:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -1,6 +1,7 @@
-"""Real peers on loopback for the tests: an LLM-like HTTP(S) server, a slow DNS server, and a
-TCP proxy that holds the TLS ClientHello (the product's own, from the mock server). Delays are
-injected, so tests can check phases."""
+"""Real peers on loopback for the tests: an LLM-like HTTP(S) server and a slow DNS server
+(the product's own). Delays are injected, so tests can check phases. The TCP front that holds
+the TLS ClientHello is the mock server's ``HandshakeDelay``; peers that misbehave are in
+``tests/bad_servers.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import collections
 import contextlib
 import json
 import socket
-import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,33 +156,6 @@ def slow_dns() -> LocalDNS:
     """A real UDP DNS server on loopback (dnslib): A 127.0.0.1 for names under ``.test``,
     NXDOMAIN for anything else; ``.resolver.delay`` sets how long it takes to answer."""
     return LocalDNS({"*.test": "127.0.0.1"})
-
-
-# -- a server that accepts and never answers ---------------------------------------------------
-
-
-class SilentServer:
-    """Accepts TCP connections and never sends a byte (for TLS and read timeouts)."""
-
-    def __init__(self) -> None:
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(16)
-        self.port = self._sock.getsockname()[1]
-        self._conns: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = self._sock.accept()
-                self._conns.append(conn)
-
-    def close(self) -> None:
-        self._sock.close()
-        for conn in self._conns:
-            conn.close()
 
 
 def unused_port() -> int:

@@ -13,9 +13,10 @@ import aiohttp
 import pytest
 
 from llm_latency.cli.dns_server import LocalDNS
+from tests.bad_servers import BlackHole
 from tests.checks import assert_failed, compare, full_backlog
 from tests.conftest import Telemetry
-from tests.servers import LLMServer, SilentServer, unused_port
+from tests.servers import LLMServer, unused_port
 
 
 def session(**kwargs: Any) -> aiohttp.ClientSession:
@@ -92,7 +93,7 @@ async def test_tls_verification_failure(telemetry: Telemetry, tls_server: LLMSer
 
 
 async def test_tls_handshake_timeout(telemetry: Telemetry, client_ssl: ssl.SSLContext) -> None:
-    silent = SilentServer()
+    silent = BlackHole(read=False)
     try:
 
         async def scenario() -> None:
@@ -200,7 +201,7 @@ async def test_cancellation(
 
 
 async def test_cancellation_in_tls(telemetry: Telemetry, client_ssl: ssl.SSLContext) -> None:
-    silent = SilentServer()
+    silent = BlackHole(read=False)
     try:
 
         async def request() -> None:

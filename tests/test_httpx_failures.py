@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from tests.bad_servers import BlackHole
 from tests.checks import assert_failed, compare, full_backlog
 from tests.conftest import Telemetry
 from tests.httpx_clients import KINDS, Client
-from tests.servers import LLMServer, SilentServer, unused_port
+from tests.servers import LLMServer, unused_port
 
 ALL_KINDS = pytest.mark.parametrize("kind", KINDS)
 
@@ -65,7 +66,7 @@ async def test_tls_verification_failure(
 async def test_tls_handshake_timeout(
     telemetry: Telemetry, client_ssl: ssl.SSLContext, kind: str
 ) -> None:
-    silent = SilentServer()
+    silent = BlackHole(read=False)
     try:
         url = f"https://localhost:{silent.port}/v1/models"
         outcome = await compare(

@@ -15,9 +15,10 @@ from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
 from llm_latency.cli.mock_server import HandshakeDelay
+from tests.bad_servers import BlackHole
 from tests.checks import SLACK, assert_about, assert_failed, assert_tiles, compare, full_backlog
 from tests.conftest import Telemetry, seconds
-from tests.servers import LLMServer, SilentServer, unused_port
+from tests.servers import LLMServer, unused_port
 
 
 async def in_thread(work: Callable[[], Any]) -> Any:
@@ -176,7 +177,7 @@ async def test_tls_verification_failure(telemetry: Telemetry, tls_server: LLMSer
 async def test_tls_handshake_timeout(
     telemetry: Telemetry, ca: Any, tmp_path: Any, client_ssl: ssl.SSLContext
 ) -> None:
-    silent = SilentServer()
+    silent = BlackHole(read=False)
     try:
         url = f"https://localhost:{silent.port}/v1/models"
         outcome = await compare(
