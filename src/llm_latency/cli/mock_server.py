@@ -165,10 +165,6 @@ class Certificates:
     server_context: ssl.SSLContext
     ca_file: Path
 
-    def client_context(self) -> ssl.SSLContext:
-        """A client context that trusts the throwaway CA."""
-        return ssl.create_default_context(cafile=str(self.ca_file))
-
 
 def make_certificates(*names: str, directory: Path | None = None) -> Certificates:
     """Issue a certificate for ``names`` from a new CA; the CA is written to a PEM file."""
