@@ -62,13 +62,22 @@ def _openai_headers() -> dict[str, str]:
     }
 
 
-async def _chat(request: web.Request) -> web.StreamResponse:
+async def _receive(request: web.Request) -> tuple[dict[str, Any], web.Response | None]:
+    """Record the request, read its JSON body; then either a scripted failure, or the
+    server's processing time passes."""
     server = request.app[SERVER]
     server.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
     body = await request.json()
     if (failure := _scripted_failure(request, server)) is not None:
-        return failure
+        return body, failure
     await asyncio.sleep(WAIT)
+    return body, None
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    body, failure = await _receive(request)
+    if failure is not None:
+        return failure
     base = {"id": "chatcmpl-1", "created": 0, "model": body.get("model", "gpt-test")}
     if not body.get("stream"):
         return web.json_response(
@@ -101,12 +110,9 @@ def _anthropic_headers() -> dict[str, str]:
 
 
 async def _messages(request: web.Request) -> web.StreamResponse:
-    server = request.app[SERVER]
-    server.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
-    body = await request.json()
-    if (failure := _scripted_failure(request, server)) is not None:
+    body, failure = await _receive(request)
+    if failure is not None:
         return failure
-    await asyncio.sleep(WAIT)
     message = {"id": "msg_1", "type": "message", "role": "assistant",
                "model": body.get("model", "claude-test"), "stop_reason": None,
                "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 0}}  # fmt: skip
