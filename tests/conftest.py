@@ -36,10 +36,15 @@ class OpenSpans(SpanProcessor):
         self.ended.append(span.context.span_id)
 
 
+#: Every Telemetry of the running test, checked at its end by ``_every_attempt_tiles``.
+_CREATED: list[Telemetry] = []
+
+
 class Telemetry:
     """What the instrumented code exported, with helpers to find request and phase spans."""
 
     def __init__(self) -> None:
+        _CREATED.append(self)
         self.exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider()
         self.open_spans = OpenSpans()
@@ -62,6 +67,29 @@ class Telemetry:
         assert set(self.open_spans.started) <= set(self.open_spans.ended)
         assert len(set(self.open_spans.ended)) == len(self.open_spans.ended)
         assert len(self.open_spans.ended) == len(self.spans())
+
+    def attempts(self) -> list[ReadableSpan]:
+        """Attempt spans (CLIENT, or INTERNAL under another instrumentation's CLIENT span)."""
+        return [
+            s for s in self.spans()
+            if s.attributes is not None and "url.full" in s.attributes
+            and s.instrumentation_scope is not None
+            and s.instrumentation_scope.name == "llm_latency"
+        ]  # fmt: skip
+
+    def assert_tiles(self) -> None:
+        """No phase that did not happen: each attempt's phases are in order, never overlap,
+        and lie inside the attempt's span."""
+        for attempt in self.attempts():
+            phases = sorted(self.phases(attempt).values(), key=lambda s: s.start_time or 0)
+            assert attempt.start_time is not None and attempt.end_time is not None
+            previous_end, previous = attempt.start_time, "the attempt's start"
+            for phase in phases:
+                assert phase.start_time is not None and phase.end_time is not None
+                assert phase.start_time >= previous_end, f"{phase.name} overlaps {previous}"
+                assert phase.end_time >= phase.start_time, phase.name
+                previous_end, previous = phase.end_time, phase.name
+            assert previous_end <= attempt.end_time, f"{previous} outlasts {attempt.name}"
 
     def spans(self) -> list[ReadableSpan]:
         return list(self.exporter.get_finished_spans())
@@ -101,6 +129,16 @@ class Telemetry:
 def seconds(span: ReadableSpan) -> float:
     assert span.start_time is not None and span.end_time is not None
     return (span.end_time - span.start_time) / 1e9
+
+
+@pytest.fixture(autouse=True)
+def _every_attempt_tiles() -> Iterator[None]:
+    """The one shared check, after every test that exported spans: see assert_tiles."""
+    _CREATED.clear()
+    yield
+    for telemetry in _CREATED:
+        telemetry.assert_tiles()
+    _CREATED.clear()
 
 
 @pytest.fixture

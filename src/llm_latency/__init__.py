@@ -12,7 +12,7 @@ from opentelemetry.trace import TracerProvider
 
 from llm_latency.instrumentor import LLMLatencyInstrumentor
 from llm_latency.retry import retry
-from llm_latency.setup import configure_providers
+from llm_latency.setup import configure_if_unset
 from llm_latency.version import __version__
 
 __all__ = ["LLMLatencyInstrumentor", "__version__", "instrument", "retry", "uninstrument"]
@@ -38,22 +38,24 @@ def instrument(
             besides the default allow-list. Credential and cookie headers are refused.
         phase_spans: emit one child span per phase (``http.dns``, ``http.wait``, ...). With
             False, only the request span and the metrics are emitted.
-        configure: when no SDK provider is set globally (and none is passed), set up trace and
-            metric providers that export OTLP as the ``OTEL_*`` environment variables say.
+        configure: if, at the first instrumented request, the program has set up neither a
+            tracer provider nor a meter provider (and passed none here), set up the
+            OpenTelemetry SDK from the ``OTEL_*`` variables (exporters by name, default OTLP
+            over HTTP). Any provider set before then, in any order, is used instead.
 
     Calling it again while instrumented does nothing.
     """
     instrumentor = LLMLatencyInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
         return
-    if configure:
-        configure_providers(traces=tracer_provider is None, metrics_=meter_provider is None)
+    configure_later = configure and tracer_provider is None and meter_provider is None
     instrumentor.instrument(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         clients=None if clients is None else list(clients),
         capture_response_headers=tuple(capture_response_headers),
         phase_spans=phase_spans,
+        before_first_request=configure_if_unset if configure_later else None,
     )
 
 

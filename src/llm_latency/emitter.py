@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 from opentelemetry.trace import (
@@ -25,9 +25,11 @@ from llm_latency import semconv as sc
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
+from llm_latency.setup import tracer_provider_is_set
 from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import PHASE_NAMES, WAIT, Timeline
 from llm_latency.urls import redact, route_template
+from llm_latency.version import __version__
 
 _logger = logging.getLogger(__name__)
 
@@ -50,8 +52,13 @@ class Emitter:
         *,
         capture_headers: tuple[str, ...],
         phase_spans: bool = True,
+        before_first_request: Callable[[], None] | None = None,
     ) -> None:
         self._tracer = tracer
+        # The API's proxy tracer follows a provider set later; once one is set, the real
+        # tracer is taken, so that the fast path for phase spans applies.
+        self._follows_global = isinstance(tracer, trace.ProxyTracer)
+        self._before_first_request = before_first_request
         self.phase_spans = phase_spans
         self._wanted = frozenset(capture_headers)
         self._header_attrs = {name: hdr.attribute_name(name) for name in capture_headers}
@@ -76,6 +83,8 @@ class Emitter:
         """Start the attempt's request span, inject ``traceparent`` into ``carrier``, and keep
         the span on the timeline. ``previous``, an earlier attempt of the same call (a
         redirect or a resend), is linked, so hops stay connected even without a parent span."""
+        if self._follows_global or self._before_first_request is not None:
+            self._settle_tracer()
         method = timeline.method
         timeline.host = host
         timeline.port = port
@@ -117,6 +126,18 @@ class Emitter:
         if carrier is not None:
             propagate.inject(carrier, context=set_span_in_context(span))
         return span
+
+    def _settle_tracer(self) -> None:
+        setup, self._before_first_request = self._before_first_request, None
+        if setup is not None:
+            try:
+                setup()
+            except Exception:
+                self.failed_once("set-up at the first request")
+        if self._follows_global and tracer_provider_is_set():
+            self._follows_global = False
+            self._tracer = trace.get_tracer(sc.SCOPE_NAME, __version__, schema_url=sc.SCHEMA_URL)
+            self._phase_writer = PhaseSpanWriter(self._tracer)
 
     # -- logical calls and backoffs -----------------------------------------------------------
 
@@ -195,20 +216,21 @@ class Emitter:
 
     def finish(self, timeline: Timeline, at: int | None = None) -> None:
         """End the attempt exactly once: phase spans, attributes, metrics. Never raises."""
-        if not timeline.close(at):
-            return
-        self._open.discard(timeline)
         try:
+            if not timeline.close(at):
+                return
+            self._open.discard(timeline)
             self._emit(timeline)
         except Exception:  # never break the host program
-            if not self._failure_logged:
-                self._failure_logged = True
-                _logger.exception("llm-latency: failed to emit an attempt (logged once)")
-            span = timeline.span
-            if span is not None and span.is_recording():
-                span.end(timeline.to_epoch_ns(timeline.end_ns))
-            if timeline.call is not None:
-                self._attempt_ends(timeline, None, {})
+            self.failed_once("emitting an attempt")
+            try:
+                span = timeline.span
+                if span is not None and span.is_recording():
+                    span.end(timeline.to_epoch_ns(timeline.end_ns))
+                if timeline.call is not None:
+                    self._attempt_ends(timeline, None, {})
+            except Exception:
+                pass  # already reported
 
     def finish_all(self) -> None:
         """End every attempt still open (at uninstrument: their end can no longer be seen)."""

@@ -1,59 +1,102 @@
-"""``LLMLatencyInstrumentor``: the OpenTelemetry instrumentor that installs the adapters."""
+"""``LLMLatencyInstrumentor``: the OpenTelemetry instrumentor that installs the adapters.
+
+Each client library is instrumented on its own: one that is missing, outside its supported
+range, or changed beyond what an adapter can hook is skipped (or loses only the phases it can
+no longer show) with one warning line, and the others are instrumented all the same.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.dependencies import (
+    DependencyConflict,
+    get_dependency_conflicts,
+)
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
+from llm_latency import semconv as sc
+from llm_latency.adapters._patching import Unavailable
 from llm_latency.emitter import Emitter
 from llm_latency.headers import resolve_capture_list
 from llm_latency.version import __version__
 
 _logger = logging.getLogger(__name__)
 
-SCOPE_NAME = "llm_latency"
+#: The instrumentation scope name (kept here too for code that imported it from here).
+SCOPE_NAME = sc.SCOPE_NAME
 
 
 class Adapter(Protocol):
     """What the instrumentor needs of a client adapter."""
 
     name: str
+    #: Capabilities this version of the library does not let the adapter observe.
+    lost: list[str]
 
     def install(self) -> None: ...
 
     def uninstall(self) -> None: ...
 
 
-# client name -> (module whose presence means the client is installed, adapter "module:Class")
-CLIENTS: dict[str, tuple[str, str]] = {
-    "aiohttp": ("aiohttp", "llm_latency.adapters.aiohttp:AiohttpAdapter"),
-    "httpx": ("httpcore", "llm_latency.adapters.httpcore:HttpxAdapter"),
-    "httpx2": ("httpcore2", "llm_latency.adapters.httpcore:Httpx2Adapter"),
-    "requests": ("urllib3", "llm_latency.adapters.requests:RequestsAdapter"),
+@dataclass(frozen=True)
+class Target:
+    """A library llm-latency hooks: the distribution whose version decides, its supported
+    range, and the adapter class (``module:Class``)."""
+
+    module: str
+    requirement: str
+    adapter: str
+
+    @property
+    def distribution(self) -> str:
+        return self.requirement.split()[0]
+
+
+#: Client name -> what it hooks. The ranges are the versions CI tests (oldest and newest).
+CLIENTS: dict[str, Target] = {
+    "aiohttp": Target(
+        "aiohttp", "aiohttp >= 3.10, < 4", "llm_latency.adapters.aiohttp:AiohttpAdapter"
+    ),
+    "httpx": Target(
+        "httpcore", "httpcore >= 1.0, < 2", "llm_latency.adapters.httpcore:HttpxAdapter"
+    ),
+    "httpx2": Target(
+        "httpcore2", "httpcore2 >= 2.16, < 3", "llm_latency.adapters.httpcore:Httpx2Adapter"
+    ),
+    "requests": Target(
+        "urllib3", "urllib3 >= 2.2, < 3", "llm_latency.adapters.requests:RequestsAdapter"
+    ),
 }
 
-# SDKs whose calls get one logical parent span around their retries (always, when installed).
-SDKS: dict[str, tuple[str, str]] = {
-    "openai": ("openai", "llm_latency.adapters.sdks:OpenAIAdapter"),
-    "anthropic": ("anthropic", "llm_latency.adapters.sdks:AnthropicAdapter"),
+#: SDKs whose calls get one logical parent span around their retries (always, when installed).
+SDKS: dict[str, Target] = {
+    "openai": Target("openai", "openai >= 3.50, < 4", "llm_latency.adapters.sdks:OpenAIAdapter"),
+    "anthropic": Target(
+        "anthropic", "anthropic >= 2.10, < 3", "llm_latency.adapters.sdks:AnthropicAdapter"
+    ),
 }
 
 
 def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def select_clients(clients: Iterable[str] | None) -> list[str]:
     """The client names to instrument: those asked for (all must be installed), or every one
     installed. Raises ValueError for an unknown name or one that is not installed."""
     if clients is None:
-        return [name for name, (module, _) in CLIENTS.items() if _installed(module)]
+        return [name for name, target in CLIENTS.items() if _installed(target.module)]
     if isinstance(clients, str):
         clients = [clients]
     chosen: list[str] = []
@@ -62,17 +105,50 @@ def select_clients(clients: Iterable[str] | None) -> list[str]:
             raise ValueError(
                 f"llm-latency: unknown client {name!r}; supported: {', '.join(sorted(CLIENTS))}"
             )
-        if not _installed(CLIENTS[name][0]):
+        if not _installed(CLIENTS[name].module):
             raise ValueError(f"llm-latency: client {name!r} is not installed")
         if name not in chosen:
             chosen.append(name)
     return chosen
 
 
-def _load_adapter(target: str, emitter: Emitter) -> Adapter:
-    module_name, _, class_name = target.partition(":")
-    adapter_class = getattr(importlib.import_module(module_name), class_name)
-    adapter: Adapter = adapter_class(emitter)
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def _load(name: str, target: Target, emitter: Emitter) -> Adapter | None:
+    """Install one adapter; on any reason not to, one warning and None."""
+    conflict = get_dependency_conflicts([target.requirement])
+    if conflict is not None:
+        _logger.warning("llm-latency: %s is not instrumented: %s", name, conflict)
+        return None
+    adapter: Adapter | None = None
+    try:
+        module_name, _, class_name = target.adapter.partition(":")
+        adapter = getattr(importlib.import_module(module_name), class_name)(emitter)
+        assert adapter is not None
+        adapter.install()
+    except Exception as exc:
+        if adapter is not None:
+            adapter.uninstall()
+        reason = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
+        _logger.warning(
+            "llm-latency: %s %s is not instrumented (%s)",
+            name,
+            _version(target.distribution),
+            reason,
+        )
+        return None
+    if adapter.lost:
+        _logger.warning(
+            "llm-latency: %s %s is instrumented without %s",
+            name,
+            _version(target.distribution),
+            "; ".join(adapter.lost),
+        )
     return adapter
 
 
@@ -88,36 +164,40 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     emitter: Emitter | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        """None required: each client library is instrumented only when it is installed."""
-        return ()
+        """The supported range of every library llm-latency hooks. Any one of the clients is
+        enough: one out of its range is skipped on its own, with the usual message."""
+        return [target.requirement for target in (*CLIENTS.values(), *SDKS.values())]
+
+    def _check_dependency_conflicts(self) -> DependencyConflict | None:
+        conflicts = [get_dependency_conflicts([t.requirement]) for t in CLIENTS.values()]
+        if any(conflict is None for conflict in conflicts):
+            return None
+        found = [conflict for conflict in conflicts if conflict is not None and conflict.found]
+        return found[0] if found else conflicts[0]
 
     def _instrument(self, **kwargs: Any) -> None:
         tracer = trace.get_tracer(
-            SCOPE_NAME, __version__, kwargs.get("tracer_provider"),
-            schema_url="https://opentelemetry.io/schemas/1.37.0",
-        )  # fmt: skip
+            sc.SCOPE_NAME, __version__, kwargs.get("tracer_provider"), schema_url=sc.SCHEMA_URL
+        )
         meter = metrics.get_meter(
-            SCOPE_NAME, __version__, kwargs.get("meter_provider"),
-            schema_url="https://opentelemetry.io/schemas/1.37.0",
-        )  # fmt: skip
+            sc.SCOPE_NAME, __version__, kwargs.get("meter_provider"), schema_url=sc.SCHEMA_URL
+        )
+        before_first_request: Callable[[], None] | None = kwargs.get("before_first_request")
         emitter = Emitter(
             tracer,
             meter,
             capture_headers=resolve_capture_list(kwargs.get("capture_response_headers") or ()),
             phase_spans=bool(kwargs.get("phase_spans", True)),
+            before_first_request=before_first_request,
         )
         self.emitter = emitter
         self._adapters = []
-        try:
-            targets = [CLIENTS[name][1] for name in select_clients(kwargs.get("clients"))]
-            targets += [target for module, target in SDKS.values() if _installed(module)]
-            for target in targets:
-                adapter = _load_adapter(target, emitter)
-                adapter.install()
+        chosen = [(name, CLIENTS[name]) for name in select_clients(kwargs.get("clients"))]
+        chosen += [(name, target) for name, target in SDKS.items() if _installed(target.module)]
+        for name, target in chosen:
+            adapter = _load(name, target, emitter)
+            if adapter is not None:
                 self._adapters.append(adapter)
-        except BaseException:
-            self._uninstrument()
-            raise
 
     def _uninstrument(self, **kwargs: Any) -> None:
         adapters = getattr(self, "_adapters", [])

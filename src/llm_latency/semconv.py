@@ -43,6 +43,10 @@ __all__ = [
     "URL_FULL",
 ]
 
+#: The instrumentation scope of every span and metric (dashboards filter on it).
+SCOPE_NAME: Final = "llm_latency"
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.37.0"
+
 URL_TEMPLATE: Final = "url.template"
 
 PHASE: Final = "llm_latency.phase"

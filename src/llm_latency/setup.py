@@ -1,119 +1,165 @@
-"""``configure=True``: SDK providers that export OTLP as the standard ``OTEL_*`` variables say.
+"""``configure=True``: set up the OpenTelemetry SDK, but only when nothing else will.
 
-Used only when the program has not set an SDK provider itself; a provider set globally (by the
-program or by ``opentelemetry-instrument``) is always used as it is.
+The rule: llm-latency's tracer and meter follow the program's providers, whichever way they
+are set (``instrument()`` before or after the program's own set-up, ``opentelemetry-instrument``,
+explicit providers). Only if, at the **first instrumented request**, the program has set *no*
+tracer provider and *no* meter provider (and passed none), does llm-latency set the SDK up
+itself, from the standard ``OTEL_*`` variables:
+
+- exporters by name from ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` (default
+  ``otlp``), looked up under the SDK's entry points (``opentelemetry_traces_exporter``, ...),
+  so console, otlp, zipkin, prometheus or any registered exporter works; ``otlp`` means
+  ``OTEL_EXPORTER_OTLP_PROTOCOL`` (default ``http/protobuf``, as the specification says);
+- the resource, sampler and id generator as the SDK reads them (``OTEL_SERVICE_NAME``,
+  ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``, ...); ``OTEL_SDK_DISABLED=true``
+  turns it off.
+
+A collector that cannot be reached costs one warning line (the exporters' own repeated errors
+are held back) and about a second at exit (the last export gets that long when exports are
+failing or none has been confirmed yet).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    ConsoleMetricExporter,
-    MetricExporter,
-    MetricReader,
-    PeriodicExportingMetricReader,
-)
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 _logger = logging.getLogger(__name__)
 
+#: How long the exit waits for the last export, unless exports are known to be working.
+EXIT_BUDGET_S = 1.0
+_OTLP_BY_PROTOCOL = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
 
-def _protocol(signal: str) -> str:
-    return (
-        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    ).strip()
-
-
-def _exporter_names(variable: str) -> list[str]:
-    value = os.environ.get(variable, "otlp")
-    return [name.strip().lower() for name in value.split(",") if name.strip()]
+_lock = threading.Lock()
+_decided = False
 
 
-def span_exporter(name: str) -> SpanExporter | None:
-    """The span exporter an ``OTEL_TRACES_EXPORTER`` name stands for (otlp, console)."""
-    if name == "console":
-        return ConsoleSpanExporter()
-    if name != "otlp":
-        _logger.warning("llm-latency: unsupported OTEL_TRACES_EXPORTER %r ignored", name)
-        return None
-    if _protocol("TRACES") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcSpanExporter,
-        )
-
-        return GrpcSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return OTLPSpanExporter()
+def tracer_provider_is_set() -> bool:
+    """Whether a tracer provider has been set globally (not the API's default proxy)."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
-def metric_exporter(name: str) -> MetricExporter | None:
-    """The metric exporter an ``OTEL_METRICS_EXPORTER`` name stands for (otlp, console)."""
-    if name == "console":
-        return ConsoleMetricExporter()
-    if name != "otlp":
-        _logger.warning("llm-latency: unsupported OTEL_METRICS_EXPORTER %r ignored", name)
-        return None
-    if _protocol("METRICS") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as GrpcMetricExporter,
-        )
-
-        return GrpcMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-    return OTLPMetricExporter()
+def meter_provider_is_set() -> bool:
+    """Whether a meter provider has been set globally (not the API's default proxy)."""
+    return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
 
 
 def _sdk_disabled() -> bool:
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-def tracer_provider_is_set() -> bool:
-    """Whether a real tracer provider has been set globally (not the default proxy)."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+def exporter_names(signal: str, requested: Sequence[str] | None = None) -> list[str]:
+    """Entry-point names of the exporters asked for (default: what ``OTEL_{signal}_EXPORTER``
+    says, else otlp), ``otlp`` resolved to its protocol's exporter."""
+    if requested is None:
+        requested = os.environ.get(f"OTEL_{signal.upper()}_EXPORTER", "otlp").split(",")
+    names: list[str] = []
+    for raw in requested:
+        name = raw.strip().lower()
+        if not name or name == "none":
+            continue
+        if name == "otlp":
+            protocol = (
+                os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "http/protobuf"
+            ).strip()
+            if protocol not in _OTLP_BY_PROTOCOL:
+                raise ValueError(f"unsupported OTLP protocol {protocol!r}")
+            name = _OTLP_BY_PROTOCOL[protocol]
+        names.append(name)
+    return names
 
 
-def meter_provider_is_set() -> bool:
-    """Whether a real meter provider has been set globally (not the default proxy)."""
-    return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
+def span_exporters(names: Sequence[str] | None = None) -> list[SpanExporter]:
+    """Span exporters by entry-point name (default: as ``OTEL_TRACES_EXPORTER`` says)."""
+    from opentelemetry.sdk._configuration import _import_exporters
+
+    found, _, _ = _import_exporters(exporter_names("traces", names), [], [])
+    return [exporter_class() for exporter_class in found.values()]
 
 
-def configure_providers(*, traces: bool = True, metrics_: bool = True) -> tuple[bool, bool]:
-    """Set global SDK providers where none is set (only for the signals asked for).
+def metric_exporters(
+    names: Sequence[str] | None = None,
+) -> list[MetricExporter | MetricReader]:
+    """Metric exporters (push) and readers (pull, such as prometheus) by entry-point name
+    (default: as ``OTEL_METRICS_EXPORTER`` says)."""
+    from opentelemetry.sdk._configuration import _import_exporters
 
-    Returns whether the (trace, metric) providers were set up.
-    """
-    if _sdk_disabled():
-        return False, False
+    _, found, _ = _import_exporters([], exporter_names("metrics", names), [])
+    return [exporter_class() for exporter_class in found.values()]
+
+
+def configure_if_unset() -> None:
+    """Set the SDK up as the module docstring says, once, if nothing else has. Never raises."""
+    global _decided
+    with _lock:
+        if _decided:
+            return
+        _decided = True
+        if _sdk_disabled() or tracer_provider_is_set() or meter_provider_is_set():
+            return
+        try:
+            _configure()
+        except ImportError:
+            _logger.warning(
+                "llm-latency: no OpenTelemetry SDK is set up and none is installed, so "
+                "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' or set "
+                "up your providers"
+            )
+        except Exception as exc:
+            _logger.warning(
+                "llm-latency: could not set up the OpenTelemetry SDK from OTEL_* (%s: %s); "
+                "llm-latency's spans and metrics go nowhere",
+                type(exc).__name__,
+                exc,
+            )
+
+
+def _configure() -> None:
+    from opentelemetry.sdk._configuration import (
+        _get_id_generator,
+        _get_sampler,
+        _import_id_generator,
+        _import_sampler,
+    )
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from llm_latency.export_health import ExportHealth, QuietMetricExporter, QuietSpanExporter
+
+    health = ExportHealth()
     resource = Resource.create()
-    traces_done = metrics_done = False
-    if traces and not tracer_provider_is_set():
-        tracer_provider = TracerProvider(resource=resource)
-        for name in _exporter_names("OTEL_TRACES_EXPORTER"):
-            if name == "none":
-                continue
-            spans_out = span_exporter(name)
-            if spans_out is not None:
-                tracer_provider.add_span_processor(BatchSpanProcessor(spans_out))
-        trace.set_tracer_provider(tracer_provider)
-        traces_done = True
-    if metrics_ and not meter_provider_is_set():
-        readers: list[MetricReader] = []
-        for name in _exporter_names("OTEL_METRICS_EXPORTER"):
-            if name == "none":
-                continue
-            metrics_out = metric_exporter(name)
-            if metrics_out is not None:
-                readers.append(PeriodicExportingMetricReader(metrics_out))
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
-        metrics_done = True
-    return traces_done, metrics_done
+    tracer_provider = TracerProvider(
+        resource=resource,
+        sampler=_import_sampler(_get_sampler()),
+        id_generator=_import_id_generator(_get_id_generator()),
+        shutdown_on_exit=False,
+    )
+    for exporter in span_exporters():
+        tracer_provider.add_span_processor(BatchSpanProcessor(QuietSpanExporter(exporter, health)))
+    readers = [
+        item
+        if isinstance(item, MetricReader)
+        else PeriodicExportingMetricReader(QuietMetricExporter(item, health))
+        for item in metric_exporters()
+    ]
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, shutdown_on_exit=False
+    )
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+    atexit.register(health.shut_down, tracer_provider, meter_provider, EXIT_BUDGET_S)

@@ -122,6 +122,13 @@ class Timeline:
         if self._current == phase:
             self._current = -1
 
+    def discard(self, phase: int) -> None:
+        """Forget a phase that was begun too early: it did not happen (yet)."""
+        i = 2 * phase
+        self._bounds[i] = self._bounds[i + 1] = 0
+        if self._current == phase:
+            self._current = -1
+
     def span_of(self, phase: int) -> tuple[int, int] | None:
         """``(start, end)`` of a phase that happened, else None. An open phase ends at the end."""
         i = 2 * phase

@@ -1,31 +1,287 @@
-"""Replacing attributes of third-party classes and modules, and putting them back."""
+"""The one patching layer: every hook of every adapter goes through it.
+
+- **Faithful wrappers.** A hook is installed as a ``wrapt.FunctionWrapper`` around the original:
+  ``inspect.signature``, ``__name__``, ``__qualname__``, ``__wrapped__`` and coroutine-ness are
+  the original's (libraries such as google-genai read the signature of what they call).
+- **Guarded plugin code.** A :class:`Hook` is up to three callbacks, ``before`` (may decline the
+  call with :data:`SKIP`), ``after`` and ``error``. They run inside ``try`` blocks, the
+  program's own call never does: a fault in a callback is logged once and the call goes on as
+  if the plugin were not there (``abandon`` lets the adapter end the attempt it was tracking).
+- **Degrading, never raising.** Hooks are installed in groups, one group per capability (a
+  phase, the request span itself). A group whose target is missing (the client library
+  changed) is not installed, and the adapter reports what is lost; a missing *essential*
+  group turns the whole client off. ``instrument()`` never raises for it.
+- **Stacking.** wrapt-based instrumentations (the OpenTelemetry contrib ones) unwrap by putting
+  back the ``__wrapped__`` of whatever is on top. So our wrapper goes *beneath* any wrapt proxy
+  already installed, and is spliced out of the chain on restore, wherever it sits: either side
+  can be uninstrumented first and the other keeps working. A wrapper that cannot be reached any
+  more (someone replaced the attribute) is switched off instead, so nothing of it acts.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
-_MISSING = object()
+import wrapt
+
+#: What ``before`` returns to let the call through untouched.
+SKIP: Final = object()
+
+_MISSING: Final = object()
+#: The base class of wrapt's proxies (``BaseObjectProxy`` from wrapt 2, ``ObjectProxy`` before).
+_PROXY: Final[type[Any]] = getattr(wrapt, "BaseObjectProxy", wrapt.ObjectProxy)
+
+Before = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
+After = Callable[[Any, Any], Any]
+OnError = Callable[[Any, BaseException], None]
+Abandon = Callable[[Any], None]
+FaultReporter = Callable[[str], None]
 
 
-class Patches:
-    """A set of attribute replacements that :meth:`restore` undoes, newest first."""
+class Unavailable(Exception):
+    """An adapter cannot observe its client at all (an essential hook's target is missing)."""
+
+    def __init__(self, lost: Sequence[str]) -> None:
+        super().__init__("; ".join(lost))
+        self.lost = list(lost)
+
+
+class Rewrite:
+    """What ``before`` returns to call the original with other arguments (and keep ``state``)."""
+
+    __slots__ = ("args", "kwargs", "state")
+
+    def __init__(self, state: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.state = state
+        self.args = args
+        self.kwargs = kwargs
+
+
+class Hook:
+    """Callbacks around one patched callable.
+
+    - ``before(instance, args, kwargs)``: runs first; returns the state handed to the others,
+      :data:`SKIP` to stay out of this call, or a :class:`Rewrite`;
+    - ``after(state, result)``: runs when the call returned; returns the result to give the
+      program (return ``result`` itself to change nothing);
+    - ``error(state, exception)``: runs when the call raised (the exception then propagates);
+    - ``abandon(state)``: runs when ``after`` or ``error`` faulted, to end what ``state`` tracks.
+    """
+
+    __slots__ = ("abandon", "after", "before", "error")
+
+    def __init__(
+        self,
+        before: Before,
+        after: After | None = None,
+        error: OnError | None = None,
+        abandon: Abandon | None = None,
+    ) -> None:
+        self.before = before
+        self.after = after
+        self.error = error
+        self.abandon = abandon
+
+
+class _Switch:
+    """Shared by the wrappers of one patch set: off once the set is restored."""
+
+    __slots__ = ("on",)
 
     def __init__(self) -> None:
-        self._saved: list[tuple[Any, str, Any]] = []
+        self.on = True
 
-    def replace(self, owner: Any, name: str, replacement: Any) -> Any:
-        """Set ``owner.name`` to ``replacement``; return the original attribute."""
-        own = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
-        original = getattr(owner, name)
-        self._saved.append((owner, name, own))
-        setattr(owner, name, replacement)
-        return original
+
+def _settle(hook: Hook, state: Any, where: str, report: FaultReporter) -> None:
+    report(where)
+    if hook.abandon is not None:
+        try:
+            hook.abandon(state)
+        except Exception:
+            report(where)
+
+
+def _sync_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch) -> Any:
+    before, after, on_error = hook.before, hook.after, hook.error
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not switch.on:
+            return wrapped(*args, **kwargs)
+        try:
+            state = before(instance, args, kwargs)
+        except Exception:
+            report(where)
+            return wrapped(*args, **kwargs)
+        if state is SKIP:
+            return wrapped(*args, **kwargs)
+        if type(state) is Rewrite:
+            state, args, kwargs = state.state, state.args, state.kwargs
+        if after is None and on_error is None:
+            return wrapped(*args, **kwargs)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if on_error is not None:
+                try:
+                    on_error(state, exc)
+                except Exception:
+                    _settle(hook, state, where, report)
+            raise
+        if after is None:
+            return result
+        try:
+            return after(state, result)
+        except Exception:
+            _settle(hook, state, where, report)
+            return result
+
+    return wrapper
+
+
+def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch) -> Any:
+    before, after, on_error = hook.before, hook.after, hook.error
+
+    async def wrapper(
+        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if not switch.on:
+            return await wrapped(*args, **kwargs)
+        try:
+            state = before(instance, args, kwargs)
+        except Exception:
+            report(where)
+            return await wrapped(*args, **kwargs)
+        if state is SKIP:
+            return await wrapped(*args, **kwargs)
+        if type(state) is Rewrite:
+            state, args, kwargs = state.state, state.args, state.kwargs
+        try:
+            result = await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if on_error is not None:
+                try:
+                    on_error(state, exc)
+                except Exception:
+                    _settle(hook, state, where, report)
+            raise
+        if after is None:
+            return result
+        try:
+            return after(state, result)
+        except Exception:
+            _settle(hook, state, where, report)
+            return result
+
+    return wrapper
+
+
+def _resolve_owner(owner: Any) -> Any:
+    """``owner`` itself, or the object a ``"module:Qual.Name"`` string names."""
+    if not isinstance(owner, str):
+        return owner
+    module_name, _, path = owner.partition(":")
+    found: Any = importlib.import_module(module_name)
+    for part in filter(None, path.split(".")):
+        found = getattr(found, part)
+    return found
+
+
+def _describe(owner: Any, name: str) -> str:
+    if isinstance(owner, str):
+        return f"{owner.replace(':', '.')}.{name}"
+    module = getattr(owner, "__module__", None) or ""
+    qualname = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", "?")
+    return f"{module}.{qualname}.{name}" if module else f"{qualname}.{name}"
+
+
+class _Installed:
+    __slots__ = ("name", "original_own", "owner", "wrapper")
+
+    def __init__(self, owner: Any, name: str, original_own: Any, wrapper: Any) -> None:
+        self.owner = owner
+        self.name = name
+        self.original_own = original_own
+        self.wrapper = wrapper
+
+
+Target = tuple[Any, str, Hook]
+
+
+class PatchSet:
+    """The hooks of one adapter: installed by capability, restored together.
+
+    ``report`` is called with a short description of where a fault happened, from inside an
+    ``except`` block (it may log the exception).
+    """
+
+    def __init__(self, client: str, report: FaultReporter) -> None:
+        self.client = client
+        self._report = report
+        self._switch = _Switch()
+        self._installed: list[_Installed] = []
+        #: Capabilities not installed, each with the reason (a missing target).
+        self.lost: list[str] = []
+
+    def group(self, capability: str, targets: Sequence[Target]) -> bool:
+        """Install every hook of ``capability``, or none of them if any target is missing.
+
+        Returns whether the group was installed; a missing one is added to :attr:`lost`.
+        """
+        resolved: list[tuple[Any, str, Any, Hook]] = []
+        for owner_ref, name, hook in targets:
+            try:
+                owner = _resolve_owner(owner_ref)
+                original = inspect.getattr_static(owner, name)
+            except (ImportError, AttributeError):
+                self.lost.append(f"{capability} ({_describe(owner_ref, name)} not found)")
+                return False
+            resolved.append((owner, name, original, hook))
+        for owner, name, _original, hook in resolved:
+            self._install(owner, name, hook, f"{self.client} {capability}")
+        return True
+
+    def _install(self, owner: Any, name: str, hook: Hook, where: str) -> None:
+        own = vars(owner).get(name, _MISSING)
+        holder: Any = None
+        if own is _MISSING:  # inherited: wrapped on ``owner`` itself, the base left alone
+            target = inspect.getattr_static(owner, name)
+        else:  # beneath any wrapt proxies already there (see the module docstring)
+            target = own
+            while isinstance(target, _PROXY):
+                holder, target = target, target.__wrapped__
+        function = getattr(target, "__func__", target)  # staticmethod: its function
+        make = _async_wrapper if inspect.iscoroutinefunction(function) else _sync_wrapper
+        wrapper = wrapt.FunctionWrapper(target, make(hook, where, self._report, self._switch))
+        if holder is None:
+            setattr(owner, name, wrapper)
+        else:
+            holder.__wrapped__ = wrapper
+        self._installed.append(_Installed(owner, name, own, wrapper))
 
     def restore(self) -> None:
-        """Put every replaced attribute back as it was (or delete one that was inherited)."""
-        while self._saved:
-            owner, name, own = self._saved.pop()
-            if own is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, own)
+        """Take every hook out, wherever it now sits in a chain of wrappers, newest first."""
+        self._switch.on = False
+        while self._installed:
+            _remove(self._installed.pop())
+
+
+def _remove(item: _Installed) -> None:
+    owner, name, wrapper = item.owner, item.name, item.wrapper
+    current = vars(owner).get(name, _MISSING)
+    if current is wrapper:
+        if item.original_own is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, wrapper.__wrapped__)
+        return
+    node = current
+    while isinstance(node, _PROXY):
+        below = node.__wrapped__
+        if below is wrapper:
+            node.__wrapped__ = wrapper.__wrapped__
+            return
+        node = below
+    # Not reachable any more: the switch being off makes it a plain pass-through.

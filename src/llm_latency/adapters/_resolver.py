@@ -1,29 +1,29 @@
 """Timing name resolution inside a TCP connect, for clients whose network layer resolves and
 connects in one call (httpcore's backends, urllib3).
 
-The resolver functions they call are wrapped: ``anyio``'s ``getaddrinfo`` (httpcore's async
+The resolver functions they call are hooked: ``anyio``'s ``getaddrinfo`` (httpcore's async
 backend) and ``socket.getaddrinfo`` (httpcore's sync backend and urllib3, through
-``socket.create_connection`` or directly). The wrappers record only when the calling thread or
+``socket.create_connection`` or directly). The hooks record only when the calling thread or
 task has an attempt in its ``connect`` phase; every other caller passes straight through.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
-import socket
 import threading
-from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from llm_latency.adapters._patching import Patches
+from llm_latency.adapters._patching import SKIP, FaultReporter, Hook, PatchSet
 from llm_latency.timeline import CONNECT, DNS, Timeline, _now
 
 #: The attempt whose connection the current thread or task is opening, if any.
 connecting: ContextVar[Timeline | None] = ContextVar("llm_latency_connecting", default=None)
 
 
-def _is_ip_literal(host: Any) -> bool:
+def is_ip_literal(host: Any) -> bool:
+    """Whether ``host`` (str or bytes, IPv6 possibly in brackets) is an IP address."""
     if isinstance(host, bytes):
         host = host.decode("ascii", "replace")
     try:
@@ -33,49 +33,28 @@ def _is_ip_literal(host: Any) -> bool:
     return True
 
 
-def _attempt_resolving(host: Any) -> Timeline | None:
+def _lookup_begins(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     attempt = connecting.get()
     if attempt is None or attempt.ended or attempt.current_phase != CONNECT:
-        return None
-    if _is_ip_literal(host):
-        return None
+        return SKIP
+    if is_ip_literal(args[0] if args else kwargs.get("host")):
+        return SKIP
+    # The lookup runs inside the connect phase: it becomes the dns phase, and connect starts
+    # over after it. Left open if the lookup fails: the failure is in dns, and no connect
+    # phase exists.
+    attempt.discard(CONNECT)
+    attempt.begin(DNS)
     return attempt
 
 
-def _record(attempt: Timeline, start: int, end: int) -> None:
-    # The lookup ran inside the connect phase: it becomes the dns phase, and connect starts
-    # after it.
-    attempt.begin(DNS, start)
+def _lookup_ends(attempt: Timeline, result: Any) -> Any:
+    end = _now()
     attempt.finish(DNS, end)
     attempt.begin(CONNECT, end)
+    return result
 
 
-def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        attempt = _attempt_resolving(host)
-        if attempt is None:
-            return original(host, *args, **kwargs)
-        start = _now()
-        attempt.begin(DNS, start)  # left open if the lookup fails: the failure is in dns
-        result = original(host, *args, **kwargs)
-        _record(attempt, start, _now())
-        return result
-
-    return getaddrinfo
-
-
-def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
-    async def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        attempt = _attempt_resolving(host)
-        if attempt is None:
-            return await original(host, *args, **kwargs)
-        start = _now()
-        attempt.begin(DNS, start)
-        result = await original(host, *args, **kwargs)
-        _record(attempt, start, _now())
-        return result
-
-    return getaddrinfo
+_LOOKUP = Hook(_lookup_begins, _lookup_ends)
 
 
 class _ResolverHooks:
@@ -84,27 +63,30 @@ class _ResolverHooks:
     def __init__(self) -> None:
         self._users = 0
         self._lock = threading.Lock()
-        self._patches = Patches()
+        self._patches: PatchSet | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, report: FaultReporter) -> list[str]:
+        """Install the hooks (the first user's ``report`` hears of faults); return what is
+        lost."""
         with self._lock:
             self._users += 1
-            if self._users > 1:
-                return
-            self._patches.replace(socket, "getaddrinfo", _wrap_sync(socket.getaddrinfo))
-            try:
-                from anyio._core import _sockets as anyio_sockets
-            except ImportError:  # anyio is optional (httpcore's sync backend needs none)
-                return
-            self._patches.replace(
-                anyio_sockets, "getaddrinfo", _wrap_async(anyio_sockets.getaddrinfo)
-            )
+            if self._patches is not None:
+                return list(self._patches.lost)
+            patches = self._patches = PatchSet("dns", report)
+            patches.group("the dns phase (sync)", [("socket", "getaddrinfo", _LOOKUP)])
+            if importlib.util.find_spec("anyio") is not None:  # httpcore's sync side needs none
+                patches.group(
+                    "the dns phase (async)", [("anyio._core._sockets", "getaddrinfo", _LOOKUP)]
+                )
+            return list(patches.lost)
 
     def release(self) -> None:
+        """One user is done; the last one takes the hooks out."""
         with self._lock:
             self._users -= 1
-            if self._users == 0:
+            if self._users == 0 and self._patches is not None:
                 self._patches.restore()
+                self._patches = None
 
 
 resolver_hooks = _ResolverHooks()

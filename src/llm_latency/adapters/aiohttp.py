@@ -1,7 +1,8 @@
 """The aiohttp adapter: every phase of every attempt made through a ``ClientSession``.
 
-How each phase is observed (all patches are on classes, so sessions created before
-``instrument()`` are covered, and all are undone by ``uninstrument()``):
+How each phase is observed (all hooks are on classes, so sessions created before
+``instrument()`` are covered, and all are undone by ``uninstrument()``; each group of hooks
+degrades on its own when aiohttp changes, see ``_patching``):
 
 - an *attempt* starts in ``BaseConnector.connect`` (once per physical request: redirects and
   aiohttp's own retry on a dropped pooled connection each make a new one); the request span is
@@ -20,18 +21,14 @@ How each phase is observed (all patches are on classes, so sessions created befo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from functools import partial
 from typing import Any, Final
 
-import aiohappyeyeballs
-from aiohttp import client_proto, client_reqrep, connector, streams
-from aiohttp.client import ClientSession
 from aiohttp.client_exceptions import ClientConnectionError
-from aiohttp.helpers import is_ip_address
 
-from llm_latency.adapters._patching import Patches
+from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
+from llm_latency.adapters._resolver import is_ip_literal
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
 from llm_latency.suppression import tracing_allowed
@@ -50,6 +47,14 @@ from llm_latency.timeline import (
 RETRY_COUNT_HEADER: Final = "x-stainless-retry-count"
 _TIMELINE_ATTR: Final = "_llm_latency_timeline"
 
+_SESSION: Final = "aiohttp.client:ClientSession"
+_BASE_CONNECTOR: Final = "aiohttp.connector:BaseConnector"
+_TCP_CONNECTOR: Final = "aiohttp.connector:TCPConnector"
+_REQUEST: Final = "aiohttp.client_reqrep:ClientRequest"
+_RESPONSE: Final = "aiohttp.client_reqrep:ClientResponse"
+_PROTOCOL: Final = "aiohttp.client_proto:ResponseHandler"
+_READER: Final = "aiohttp.streams:StreamReader"
+
 
 class _Call:
     """One ``ClientSession._request`` call: its attempt in flight and how many it made."""
@@ -67,7 +72,7 @@ _call: ContextVar[_Call | None] = ContextVar("llm_latency_aiohttp_call", default
 
 # Response body streams being watched, to their attempt. StreamReader has __slots__, so the
 # attempt cannot ride on the stream itself.
-_streams: dict[streams.StreamReader, Timeline] = {}
+_streams: dict[Any, Timeline] = {}
 
 
 def _current() -> Timeline | None:
@@ -87,7 +92,7 @@ def _retry_count(headers: Any) -> int:
 
 def _is_dns_cached(conn: Any, host: str, port: int) -> bool:
     """Whether ``_resolve_host`` will answer without a lookup (an IP literal or a cache hit)."""
-    if is_ip_address(host):
+    if is_ip_literal(host):
         return True
     if not conn._use_dns_cache:
         return False
@@ -96,335 +101,303 @@ def _is_dns_cached(conn: Any, host: str, port: int) -> bool:
     return key in cached and not cached.expired(key)
 
 
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+    return args[index] if len(args) > index else kwargs[name]
+
+
 class AiohttpAdapter:
-    """Patches aiohttp's client classes to fill a Timeline per attempt."""
+    """Hooks aiohttp's client classes to fill a Timeline per attempt."""
 
     name = "aiohttp"
 
     def __init__(self, emitter: Emitter) -> None:
         self._emitter = emitter
-        self._patches = Patches()
+        self._patches = PatchSet("aiohttp", emitter.failed_once)
+
+    @property
+    def lost(self) -> list[str]:
+        """What could not be hooked in this aiohttp version."""
+        return self._patches.lost
 
     # -- install ------------------------------------------------------------------------------
 
     def install(self) -> None:
-        """Patch aiohttp (idempotence is the instrumentor's job)."""
+        """Hook aiohttp (idempotence is the instrumentor's job). Raises :class:`Unavailable`
+        when the request span itself cannot be observed."""
         p = self._patches
-        p.replace(ClientSession, "_request", self._wrap_request(ClientSession._request))
-        base = connector.BaseConnector
-        p.replace(base, "connect", self._wrap_connect(base.connect))
-        p.replace(base, "_get", self._wrap_get(base._get))
-        p.replace(
-            base,
-            "_wait_for_available_connection",
-            self._wrap_phase(base._wait_for_available_connection, QUEUE),
+        done = Hook(self._response_done)
+        request = Hook(_request_begins, _request_returns, self._request_fails)
+        if not p.group(
+            "request spans",
+            [
+                (_SESSION, "_request", request),
+                (_BASE_CONNECTOR, "connect", Hook(self._attempt_begins, error=_attempt_fails)),
+                (
+                    _RESPONSE,
+                    "start",
+                    Hook(_response_starts, self._headers_in, _response_fails, self._abandon),
+                ),
+                (_RESPONSE, "release", done),
+                (_RESPONSE, "close", done),
+                (_RESPONSE, "__del__", done),
+                (_PROTOCOL, "close", Hook(self._connection_closes)),
+                (_PROTOCOL, "abort", Hook(self._connection_closes)),
+                (_READER, "set_exception", Hook(self._body_fails)),
+                (_READER, "_wait", Hook(_body_read, error=self._body_read_fails)),
+            ],
+        ):
+            raise Unavailable(p.lost)
+        p.group(
+            "the queue phase",
+            [(_BASE_CONNECTOR, "_wait_for_available_connection", Hook(_queue_begins, _queue_ends))],
         )
-        tcp = connector.TCPConnector
-        p.replace(tcp, "_resolve_host", self._wrap_resolve_host(tcp._resolve_host))
-        p.replace(
-            tcp,
-            "_wrap_create_connection",
-            self._wrap_create_connection(tcp._wrap_create_connection),
+        p.group("the dns phase", [(_TCP_CONNECTOR, "_resolve_host", Hook(_dns_begins, _dns_ends))])
+        p.group(
+            "the connect and tls phases",
+            [
+                (_TCP_CONNECTOR, "_wrap_create_connection", Hook(_connecting, _connected)),
+                ("aiohappyeyeballs", "start_connection", Hook(_tcp_connecting, _tcp_connected)),
+            ],
         )
-        p.replace(
-            aiohappyeyeballs,
-            "start_connection",
-            self._wrap_start_connection(aiohappyeyeballs.start_connection),
-        )
-        request = client_reqrep.ClientRequest
-        p.replace(request, "send", self._wrap_send(request.send))
-        response = client_reqrep.ClientResponse
-        p.replace(response, "start", self._wrap_start(response.start))
-        p.replace(response, "release", self._wrap_release(response.release))
-        p.replace(response, "close", self._wrap_release(response.close))
-        p.replace(response, "__del__", self._wrap_del(response.__del__))
-        protocol = client_proto.ResponseHandler
-        p.replace(protocol, "close", self._wrap_protocol_close(protocol.close))
-        p.replace(protocol, "abort", self._wrap_protocol_close(protocol.abort))
-        reader = streams.StreamReader
-        p.replace(reader, "feed_data", self._wrap_feed_data(reader.feed_data))
-        p.replace(reader, "set_exception", self._wrap_set_exception(reader.set_exception))
-        p.replace(reader, "_wait", self._wrap_wait(reader._wait))
+        p.group("connection reuse", [(_BASE_CONNECTOR, "_get", Hook(_attempt, _pooled))])
+        p.group("the send and wait phases", [(_REQUEST, "send", Hook(_send_begins, self._sent))])
+        p.group("body chunk times", [(_READER, "feed_data", Hook(_chunk))])
 
     def uninstall(self) -> None:
-        """Undo every patch. The emitter ends the attempts still in flight."""
+        """Undo every hook. The emitter ends the attempts still in flight."""
         self._patches.restore()
         _streams.clear()
 
     # -- the call and the attempt -------------------------------------------------------------
 
-    def _wrap_request(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        emitter = self._emitter
-
-        async def _request(session: Any, *args: Any, **kwargs: Any) -> Any:
-            if not tracing_allowed():
-                return await original(session, *args, **kwargs)
-            call = _Call()
-            token = _call.set(call)
-            try:
-                return await original(session, *args, **kwargs)
-            except BaseException as exc:
-                attempt = call.attempt
-                if attempt is not None and not attempt.ended:
-                    # Report what the program sees (aiohttp wraps OSErrors, and turns the
-                    # cancellation of its total timeout into a TimeoutError).
-                    if attempt.error is None:
-                        attempt.fail(exc)
-                    else:
-                        attempt.error = exc
-                    emitter.finish(attempt)
-                raise
-            finally:
-                _call.reset(token)
-
-        return _request
-
-    def _wrap_connect(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        emitter = self._emitter
-
-        async def connect(conn: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
-            call = _call.get()
-            if call is None:
-                return await original(conn, req, *args, **kwargs)
-            previous = call.attempt
-            if previous is not None and not previous.ended:
-                # aiohttp retried on its own after this attempt failed (a dropped pooled
-                # connection): the failure was swallowed, the attempt still ends here.
-                emitter.finish(previous)
-            attempt = None
-            try:
-                url = req.url
-                attempt = Timeline(req.method, str(url))
-                attempt.resend_count = call.attempts + _retry_count(req.headers)
-                call.attempts += 1
-                emitter.start(
-                    attempt, url.raw_host or "", url.port, url.raw_path, req.headers, call.last
-                )
-                call.last = attempt
-            except Exception:
-                emitter.failed_once("aiohttp connect")
-                attempt = None
-            call.attempt = attempt
-            if attempt is None:
-                return await original(conn, req, *args, **kwargs)
-            try:
-                return await original(conn, req, *args, **kwargs)
-            except BaseException as exc:
+    def _request_fails(self, state: tuple[_Call, Any], exc: BaseException) -> None:
+        call, token = state
+        _call.reset(token)
+        attempt = call.attempt
+        if attempt is not None and not attempt.ended:
+            # Report what the program sees (aiohttp wraps OSErrors, and turns the cancellation
+            # of its total timeout into a TimeoutError).
+            if attempt.error is None:
                 attempt.fail(exc)
-                raise
+            else:
+                attempt.error = exc
+            self._emitter.finish(attempt)
 
-        return connect
+    def _attempt_begins(self, conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = _call.get()
+        if call is None:
+            return SKIP
+        previous, call.attempt = call.attempt, None
+        if previous is not None and not previous.ended:
+            # aiohttp retried on its own after this attempt failed (a dropped pooled
+            # connection): the failure was swallowed, the attempt still ends here.
+            self._emitter.finish(previous)
+        req = _arg(args, kwargs, 0, "req")
+        url = req.url
+        attempt = Timeline(req.method, str(url))
+        attempt.resend_count = call.attempts + _retry_count(req.headers)
+        call.attempts += 1
+        self._emitter.start(
+            attempt, url.raw_host or "", url.port, url.raw_path, req.headers, call.last
+        )
+        call.last = call.attempt = attempt
+        return attempt
 
-    # -- connection phases --------------------------------------------------------------------
-
-    def _wrap_get(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        async def _get(conn: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
-            result = await original(conn, key, *args, **kwargs)
-            attempt = _current()
-            if attempt is not None:
-                attempt.reused = result is not None
-            return result
-
-        return _get
-
-    def _wrap_phase(
-        self, original: Callable[..., Awaitable[Any]], phase: int
-    ) -> Callable[..., Any]:
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            attempt = _current()
-            if attempt is None:
-                return await original(*args, **kwargs)
-            attempt.begin(phase)
-            result = await original(*args, **kwargs)
-            attempt.finish(phase)
-            return result
-
-        return timed
-
-    def _wrap_resolve_host(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        async def _resolve_host(conn: Any, host: str, port: int, *args: Any, **kw: Any) -> Any:
-            attempt = _current()
-            if attempt is None:
-                return await original(conn, host, port, *args, **kw)
-            try:
-                cached = _is_dns_cached(conn, host, port)
-            except Exception:
-                cached = False
-            if cached:
-                return await original(conn, host, port, *args, **kw)
-            attempt.begin(DNS)
-            result = await original(conn, host, port, *args, **kw)
-            attempt.finish(DNS)
-            return result
-
-        return _resolve_host
-
-    def _wrap_create_connection(
-        self, original: Callable[..., Awaitable[Any]]
-    ) -> Callable[..., Any]:
-        async def _wrap_create_connection(conn: Any, *args: Any, **kwargs: Any) -> Any:
-            call = _call.get()
-            attempt = None if call is None else call.attempt
-            if call is None or attempt is None:
-                return await original(conn, *args, **kwargs)
-            call.tls_expected = bool(kwargs.get("ssl"))
-            # Another address after a failed one: the phase goes on from its first start.
-            attempt.resume(CONNECT)
-            result = await original(conn, *args, **kwargs)
-            current = attempt.current_phase
-            if current in (TLS, CONNECT):
-                attempt.finish(current)
-            return result
-
-        return _wrap_create_connection
-
-    def _wrap_start_connection(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        async def start_connection(*args: Any, **kwargs: Any) -> Any:
-            sock = await original(*args, **kwargs)
-            call = _call.get()
-            if call is not None:
-                attempt = call.attempt
-                if attempt is not None and attempt.current_phase == CONNECT:
-                    now = _now()
-                    attempt.finish(CONNECT, now)
-                    if call.tls_expected:
-                        attempt.begin(TLS, now)
-            return sock
-
-        return start_connection
+    def _abandon(self, state: tuple[_Call, Timeline, Any]) -> None:
+        self._emitter.finish(state[1])
 
     # -- request and response -----------------------------------------------------------------
 
-    def _wrap_send(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        async def send(req: Any, conn: Any) -> Any:
-            attempt = _current()
-            if attempt is None:
-                return await original(req, conn)
-            attempt.begin(SEND)
-            response = await original(req, conn)
-            writer = req._writer
-            if writer is None:
-                _request_sent(attempt)
-            else:
-                writer.add_done_callback(partial(_body_written, attempt))
-            return response
+    def _sent(self, state: tuple[Timeline, Any], response: Any) -> Any:
+        attempt, req = state
+        writer = req._writer
+        if writer is None:
+            _request_sent(attempt)
+        else:
+            writer.add_done_callback(partial(self._body_written, attempt))
+        return response
 
-        return send
+    def _body_written(self, attempt: Timeline, _task: Any) -> None:
+        try:
+            _request_sent(attempt)
+        except Exception:
+            self._emitter.failed_once("aiohttp request body")
 
-    def _wrap_start(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        emitter = self._emitter
+    def _headers_in(self, state: tuple[_Call, Timeline, Any], result: Any) -> Any:
+        call, attempt, response = state
+        call.attempt = None  # from here on the response owns the attempt
+        _headers_received(attempt, response)
+        content = response.content
+        if content.is_eof():  # no body, or all of it came with the headers
+            self._emitter.finish(attempt)
+        else:
+            _streams[content] = attempt
+            content.on_eof(partial(self._body_complete, attempt, content))
+        return result
 
-        async def start(response: Any, connection: Any) -> Any:
-            call = _call.get()
-            attempt = None if call is None else call.attempt
-            if call is None or attempt is None:
-                return await original(response, connection)
-            try:
-                result = await original(response, connection)
-            except BaseException as exc:
-                attempt.fail(exc)
-                raise
-            call.attempt = None  # from here on the response owns the attempt
-            try:
-                _headers_received(attempt, response)
-            except Exception:
-                emitter.failed_once("aiohttp response start")
-                emitter.finish(attempt)
-                return result
-            content = response.content
-            if content.is_eof() or type(content) is streams.EmptyStreamReader:
-                emitter.finish(attempt)
-            else:
-                _streams[content] = attempt
-                content.on_eof(partial(_body_complete, emitter, attempt, content))
-            return result
+    def _body_complete(self, attempt: Timeline, content: Any) -> None:
+        try:
+            _streams.pop(content, None)
+        finally:
+            self._emitter.finish(attempt)
 
-        return start
+    def _response_done(self, response: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        attempt: Timeline | None = response.__dict__.get(_TIMELINE_ATTR)
+        if attempt is not None and not attempt.ended:
+            _streams.pop(response.content, None)
+            self._emitter.finish(attempt)
 
-    def _wrap_release(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        emitter = self._emitter
+    def _body_read_fails(self, stream: Any, exc: BaseException) -> None:
+        # The program's read of the body was cancelled or timed out: the attempt ends here, in
+        # the receive phase, with what the program sees.
+        attempt = _streams.pop(stream, None)
+        if attempt is not None and not attempt.ended:
+            attempt.fail(exc)
+            self._emitter.finish(attempt)
 
-        def release(response: Any) -> Any:
-            attempt: Timeline | None = response.__dict__.get(_TIMELINE_ATTR)
-            if attempt is not None and not attempt.ended:
-                _streams.pop(response.content, None)
-                emitter.finish(attempt)
-            return original(response)
+    def _connection_closes(
+        self, protocol: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        # Closing the connection (the session or connector closing) drops the body stream
+        # without telling it: the attempt ends here, cut short.
+        payload = protocol._payload
+        if payload is None:
+            return
+        attempt = _streams.pop(payload, None)
+        if attempt is not None and not attempt.ended:
+            # A body that ends at the close (no length, not chunked) is complete: feed_eof
+            # marks the stream before its callbacks release the connection.
+            if not payload.is_eof():
+                attempt.fail(ClientConnectionError("Connection closed"))
+            self._emitter.finish(attempt)
 
-        return release
-
-    def _wrap_wait(self, original: Callable[..., Awaitable[None]]) -> Callable[..., Any]:
-        emitter = self._emitter
-
-        async def _wait(stream: Any, func_name: str) -> None:
-            try:
-                await original(stream, func_name)
-            except BaseException as exc:
-                # The program's read of the body was cancelled or timed out: the attempt
-                # ends here, in the receive phase, with what the program sees.
-                attempt = _streams.pop(stream, None)
-                if attempt is not None and not attempt.ended:
-                    attempt.fail(exc)
-                    emitter.finish(attempt)
-                raise
-
-        return _wait
-
-    def _wrap_del(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        emitter = self._emitter
-
-        def __del__(response: Any, *args: Any, **kwargs: Any) -> Any:
-            attempt: Timeline | None = response.__dict__.get(_TIMELINE_ATTR)
-            if attempt is not None and not attempt.ended:
-                _streams.pop(response.content, None)
-                emitter.finish(attempt)
-            return original(response, *args, **kwargs)
-
-        return __del__
-
-    def _wrap_feed_data(self, original: Callable[..., bool]) -> Callable[..., bool]:
-        def feed_data(stream: Any, data: bytes, *args: Any) -> bool:
-            attempt = _streams.get(stream)
-            if attempt is not None and data:
-                attempt.chunk(data)
-            return original(stream, data, *args)
-
-        return feed_data
-
-    def _wrap_protocol_close(self, original: Callable[..., None]) -> Callable[..., None]:
-        emitter = self._emitter
-
-        def close(protocol: Any) -> None:
-            # Closing the connection (the session or connector closing) drops the body stream
-            # without telling it: the attempt ends here, cut short.
-            payload = protocol._payload
-            if payload is not None:
-                attempt = _streams.pop(payload, None)
-                if attempt is not None and not attempt.ended:
-                    # A body that ends at the close (no length, not chunked) is complete:
-                    # feed_eof marks the stream before its callbacks release the connection.
-                    if not payload.is_eof():
-                        attempt.fail(_connection_closed())
-                    emitter.finish(attempt)
-            original(protocol)
-
-        return close
-
-    def _wrap_set_exception(self, original: Callable[..., None]) -> Callable[..., None]:
-        emitter = self._emitter
-
-        def set_exception(stream: Any, exc: BaseException, *args: Any, **kwargs: Any) -> None:
-            attempt = _streams.pop(stream, None)
-            if attempt is not None and not attempt.ended:
-                attempt.fail(exc)
-                emitter.finish(attempt)
-            original(stream, exc, *args, **kwargs)
-
-        return set_exception
+    def _body_fails(self, stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        attempt = _streams.pop(stream, None)
+        if attempt is not None and not attempt.ended:
+            attempt.fail(_arg(args, kwargs, 0, "exc"))
+            self._emitter.finish(attempt)
 
 
-def _connection_closed() -> BaseException:
-    return ClientConnectionError("Connection closed")
+# -- hooks that need no emitter ------------------------------------------------------------------
+
+
+def _request_begins(session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not tracing_allowed():
+        return SKIP
+    call = _Call()
+    return call, _call.set(call)
+
+
+def _request_returns(state: tuple[_Call, Any], result: Any) -> Any:
+    _call.reset(state[1])
+    return result
+
+
+def _attempt_fails(attempt: Timeline, exc: BaseException) -> None:
+    attempt.fail(exc)
+
+
+def _attempt(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _current()
+    return SKIP if attempt is None else attempt
+
+
+def _pooled(attempt: Timeline, connection: Any) -> Any:
+    attempt.reused = connection is not None
+    return connection
+
+
+def _queue_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _current()
+    if attempt is None:
+        return SKIP
+    attempt.begin(QUEUE)
+    return attempt
+
+
+def _queue_ends(attempt: Timeline, result: Any) -> Any:
+    attempt.finish(QUEUE)
+    return result
+
+
+def _dns_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _current()
+    if attempt is None:
+        return SKIP
+    if _is_dns_cached(conn, _arg(args, kwargs, 0, "host"), _arg(args, kwargs, 1, "port")):
+        return SKIP
+    attempt.begin(DNS)
+    return attempt
+
+
+def _dns_ends(attempt: Timeline, result: Any) -> Any:
+    attempt.finish(DNS)
+    return result
+
+
+def _connecting(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = _call.get()
+    attempt = None if call is None else call.attempt
+    if call is None or attempt is None:
+        return SKIP
+    call.tls_expected = bool(kwargs.get("ssl"))
+    # Another address after a failed one: the phase goes on from its first start.
+    attempt.resume(CONNECT)
+    return attempt
+
+
+def _connected(attempt: Timeline, result: Any) -> Any:
+    current = attempt.current_phase
+    if current in (TLS, CONNECT):
+        attempt.finish(current)
+    return result
+
+
+def _tcp_connecting(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = _call.get()
+    return SKIP if call is None or call.attempt is None else call
+
+
+def _tcp_connected(call: _Call, sock: Any) -> Any:
+    attempt = call.attempt
+    if attempt is not None and attempt.current_phase == CONNECT:
+        now = _now()
+        attempt.finish(CONNECT, now)
+        if call.tls_expected:
+            attempt.begin(TLS, now)
+    return sock
+
+
+def _send_begins(req: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _current()
+    if attempt is None:
+        return SKIP
+    attempt.begin(SEND)
+    return attempt, req
+
+
+def _response_starts(response: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = _call.get()
+    attempt = None if call is None else call.attempt
+    if call is None or attempt is None:
+        return SKIP
+    return call, attempt, response
+
+
+def _response_fails(state: tuple[_Call, Timeline, Any], exc: BaseException) -> None:
+    state[1].fail(exc)
+
+
+def _body_read(stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return stream if stream in _streams else SKIP
+
+
+def _chunk(stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    attempt = _streams.get(stream)
+    if attempt is not None:
+        data = args[0] if args else kwargs["data"]
+        if data:
+            attempt.chunk(data)
 
 
 def _request_sent(attempt: Timeline) -> None:
@@ -432,10 +405,6 @@ def _request_sent(attempt: Timeline) -> None:
         now = _now()
         attempt.finish(SEND, now)
         attempt.begin(WAIT, now)
-
-
-def _body_written(attempt: Timeline, _task: Any) -> None:
-    _request_sent(attempt)
 
 
 def _headers_received(attempt: Timeline, response: Any) -> None:
@@ -455,8 +424,3 @@ def _headers_received(attempt: Timeline, response: Any) -> None:
     # Body bytes that came in the same reads as the headers are already buffered.
     for chunk in getattr(response.content, "_buffer", ()):
         attempt.chunk(chunk)
-
-
-def _body_complete(emitter: Emitter, attempt: Timeline, content: streams.StreamReader) -> None:
-    _streams.pop(content, None)
-    emitter.finish(attempt)

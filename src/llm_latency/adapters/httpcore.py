@@ -1,8 +1,8 @@
 """The httpcore adapter, for httpcore (under httpx) and httpcore2 (under httpx2, and so under
 openai>=3 and anthropic>=2): one module, two libraries that share the ``trace`` extension.
 
-How each phase is observed (patches are on classes, so clients and transports created before
-``instrument()`` are covered):
+How each phase is observed (hooks are on classes, so clients and transports created before
+``instrument()`` are covered; each group of hooks degrades on its own, see ``_patching``):
 
 - an *attempt* is one call of ``ConnectionPool.handle_request`` /
   ``AsyncConnectionPool.handle_async_request``: the request span starts there,
@@ -22,11 +22,10 @@ How each phase is observed (patches are on classes, so clients and transports cr
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from llm_latency.adapters._patching import Patches
+from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
@@ -128,23 +127,29 @@ _EVENTS: dict[str, Callable[[Timeline, dict[str, Any]], None]] = {
 }
 
 
-def _on_event(attempt: Timeline, name: str, info: dict[str, Any]) -> None:
-    handler = _EVENTS.get(name.partition(".")[2])
-    if handler is not None and not attempt.ended:
-        handler(attempt, info)
-
-
 class _SyncTrace:
     """The ``trace`` callback of one attempt; calls the program's own callback after it."""
 
-    __slots__ = ("attempt", "inner")
+    __slots__ = ("attempt", "emitter", "inner")
 
-    def __init__(self, attempt: Timeline, inner: Callable[..., Any] | None) -> None:
+    def __init__(
+        self, attempt: Timeline, inner: Callable[..., Any] | None, emitter: Emitter
+    ) -> None:
         self.attempt = attempt
         self.inner = inner
+        self.emitter = emitter
+
+    def _record(self, name: str, info: dict[str, Any]) -> None:
+        attempt = self.attempt
+        handler = _EVENTS.get(name.partition(".")[2])
+        if handler is not None and not attempt.ended:
+            try:
+                handler(attempt, info)
+            except Exception:
+                self.emitter.failed_once("httpcore trace event")
 
     def __call__(self, name: str, info: dict[str, Any]) -> None:
-        _on_event(self.attempt, name, info)
+        self._record(name, info)
         if self.inner is not None:
             self.inner(name, info)
 
@@ -155,7 +160,7 @@ class _AsyncTrace(_SyncTrace):
     __slots__ = ()
 
     async def __call__(self, name: str, info: dict[str, Any]) -> None:  # type: ignore[override]
-        _on_event(self.attempt, name, info)
+        self._record(name, info)
         if self.inner is not None:
             await self.inner(name, info)
 
@@ -180,24 +185,30 @@ class _SyncStream:
         self._emitter = emitter
 
     def __iter__(self) -> Iterator[bytes]:
-        attempt = self._attempt
+        attempt, emitter = self._attempt, self._emitter
         try:
             for chunk in self._stream:
-                attempt.chunk(chunk)
+                try:
+                    attempt.chunk(chunk)
+                except Exception:
+                    emitter.failed_once("httpcore response chunk")
                 yield chunk
         except GeneratorExit:
             raise
         except BaseException as exc:
-            if not attempt.ended:
-                attempt.fail(exc)
-                self._emitter.finish(attempt)
+            _failed(emitter, attempt, exc)
             raise
-        self._emitter.finish(attempt)
+        emitter.finish(attempt)
 
     def close(self) -> None:
         try:
             self._stream.close()
         finally:
+            self._emitter.finish(self._attempt)
+
+    def __del__(self) -> None:
+        # Dropped unread and unclosed: the attempt ends when the body is collected.
+        if not self._attempt.ended:
             self._emitter.finish(self._attempt)
 
 
@@ -210,19 +221,20 @@ class _AsyncStream:
         self._emitter = emitter
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        attempt = self._attempt
+        attempt, emitter = self._attempt, self._emitter
         try:
             async for chunk in self._stream:
-                attempt.chunk(chunk)
+                try:
+                    attempt.chunk(chunk)
+                except Exception:
+                    emitter.failed_once("httpcore response chunk")
                 yield chunk
         except GeneratorExit:
             raise
         except BaseException as exc:
-            if not attempt.ended:
-                attempt.fail(exc)
-                self._emitter.finish(attempt)
+            _failed(emitter, attempt, exc)
             raise
-        self._emitter.finish(attempt)
+        emitter.finish(attempt)
 
     async def aclose(self) -> None:
         try:
@@ -230,164 +242,145 @@ class _AsyncStream:
         finally:
             self._emitter.finish(self._attempt)
 
+    def __del__(self) -> None:
+        # Dropped unread and unclosed: the attempt ends when the body is collected.
+        if not self._attempt.ended:
+            self._emitter.finish(self._attempt)
+
+
+def _failed(emitter: Emitter, attempt: Timeline, exc: BaseException) -> None:
+    """End ``attempt`` with the exception the program is about to see."""
+    if not attempt.ended:
+        try:
+            attempt.fail(exc)
+        except Exception:
+            emitter.failed_once("httpcore attempt failure")
+        emitter.finish(attempt)
+
 
 # -- the adapter -------------------------------------------------------------------------------
 
 
 class HttpcoreAdapter:
-    """Patches one httpcore-like library (``httpcore`` or ``httpcore2``)."""
+    """Hooks one httpcore-like library (``httpcore`` or ``httpcore2``)."""
 
     def __init__(self, emitter: Emitter, module: str) -> None:
         self.name = module
         self._emitter = emitter
-        self._module = importlib.import_module(module)
-        self._patches = Patches()
+        self._module = module
+        self._patches = PatchSet(module, emitter.failed_once)
         self._resolver_acquired = False
+        self.lost: list[str] = self._patches.lost
 
     def install(self) -> None:
-        """Patch the connection pools (and their proxy subclasses, which inherit from them)."""
-        hc = self._module
+        """Hook the connection pools (and their proxy subclasses, which inherit from them).
+        Raises :class:`Unavailable` when the request span itself cannot be observed."""
+        module = self._module
         p = self._patches
-        sync_pool, async_pool = hc.ConnectionPool, hc.AsyncConnectionPool
-        p.replace(sync_pool, "handle_request", self._wrap_sync(sync_pool.handle_request))
-        p.replace(
-            async_pool,
-            "handle_async_request",
-            self._wrap_async(async_pool.handle_async_request),
+        if not p.group(
+            "request spans",
+            [
+                (
+                    f"{module}:ConnectionPool",
+                    "handle_request",
+                    Hook(self._sync_begins, self._sync_returns, self._fails, self._abandon),
+                ),
+                (
+                    f"{module}:AsyncConnectionPool",
+                    "handle_async_request",
+                    Hook(self._async_begins, self._async_returns, self._fails, self._abandon),
+                ),
+            ],
+        ):
+            raise Unavailable(p.lost)
+        queue = Hook(_queue_begins, _queue_ends)
+        p.group(
+            "the queue phase",
+            [
+                (f"{module}._sync.connection_pool:PoolRequest", "wait_for_connection", queue),
+                (f"{module}._async.connection_pool:AsyncPoolRequest", "wait_for_connection", queue),
+            ],
         )
-        sync_wait = importlib.import_module(f"{hc.__name__}._sync.connection_pool").PoolRequest
-        async_wait = importlib.import_module(
-            f"{hc.__name__}._async.connection_pool"
-        ).AsyncPoolRequest
-        p.replace(sync_wait, "wait_for_connection", _wrap_sync_wait(sync_wait.wait_for_connection))
-        p.replace(
-            async_wait, "wait_for_connection", _wrap_async_wait(async_wait.wait_for_connection)
-        )
-        resolver_hooks.acquire()
+        self.lost.extend(resolver_hooks.acquire(self._emitter.failed_once))
         self._resolver_acquired = True
 
     def uninstall(self) -> None:
-        """Undo every patch. Responses in flight still end when they are closed."""
+        """Undo every hook. Responses in flight still end when they are closed."""
         self._patches.restore()
         if self._resolver_acquired:
             self._resolver_acquired = False
             resolver_hooks.release()
 
-    def _begin(self, request: Any, trace_factory: Callable[..., Any]) -> Timeline | None:
-        """Start the attempt for an httpcore request, or None if it must not be traced."""
-        try:
-            url = request.url
-            scheme = url.scheme
-            host = url.host.decode("ascii", "replace")
-            port = url.port
-            netloc = f"[{host}]" if ":" in host else host
-            if port is not None:
-                netloc = f"{netloc}:{port}"
-            target = url.target.decode("ascii", "replace")
-            attempt = Timeline(
-                request.method.decode("ascii", "replace"),
-                f"{scheme.decode('ascii', 'replace')}://{netloc}{target}",
-            )
-            attempt.resend_count = _retry_count(request.headers)
-            carrier: dict[str, str] = {}
-            self._emitter.start(
-                attempt,
-                host,
-                port if port is not None else _DEFAULT_PORTS.get(scheme),
-                target.partition("?")[0],
-                carrier,
-            )
-            for name, value in carrier.items():
-                request.headers.append((name.encode("ascii"), value.encode("ascii")))
-            extensions = dict(request.extensions)
-            extensions["trace"] = trace_factory(attempt, _program_trace(extensions))
-            request.extensions = extensions
-        except Exception:
-            self._emitter.failed_once("httpcore request start")
-            return None
-        return attempt
+    def _begin(self, request: Any, trace_factory: Callable[..., Any]) -> Any:
+        """Start the attempt for an httpcore request, or SKIP if it must not be traced."""
+        if not tracing_allowed():
+            return SKIP
+        url = request.url
+        scheme = url.scheme
+        host = url.host.decode("ascii", "replace")
+        port = url.port
+        netloc = f"[{host}]" if ":" in host else host
+        if port is not None:
+            netloc = f"{netloc}:{port}"
+        target = url.target.decode("ascii", "replace")
+        attempt = Timeline(
+            request.method.decode("ascii", "replace"),
+            f"{scheme.decode('ascii', 'replace')}://{netloc}{target}",
+        )
+        attempt.resend_count = _retry_count(request.headers)
+        carrier: dict[str, str] = {}
+        self._emitter.start(
+            attempt,
+            host,
+            port if port is not None else _DEFAULT_PORTS.get(scheme),
+            target.partition("?")[0],
+            carrier,
+        )
+        for name, value in carrier.items():
+            request.headers.append((name.encode("ascii"), value.encode("ascii")))
+        extensions = dict(request.extensions)
+        extensions["trace"] = trace_factory(attempt, _program_trace(extensions), self._emitter)
+        request.extensions = extensions
+        return attempt, connecting.set(None)
 
-    def _wrap_sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        emitter = self._emitter
-        begin = self._begin
+    def _sync_begins(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._begin(args[0] if args else kwargs["request"], _SyncTrace)
 
-        def handle_request(pool: Any, request: Any) -> Any:
-            if not tracing_allowed():
-                return original(pool, request)
-            attempt = begin(request, _SyncTrace)
-            if attempt is None:
-                return original(pool, request)
-            token = connecting.set(None)
-            try:
-                response = original(pool, request)
-            except BaseException as exc:
-                attempt.fail(exc)
-                emitter.finish(attempt)
-                raise
-            finally:
-                connecting.reset(token)
-            _attach(response, _SyncStream(response.stream, attempt, emitter), emitter, attempt)
-            return response
+    def _async_begins(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._begin(args[0] if args else kwargs["request"], _AsyncTrace)
 
-        return handle_request
+    def _sync_returns(self, state: tuple[Timeline, Any], response: Any) -> Any:
+        attempt, token = state
+        connecting.reset(token)
+        response.stream = _SyncStream(response.stream, attempt, self._emitter)
+        return response
 
-    def _wrap_async(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        emitter = self._emitter
-        begin = self._begin
+    def _async_returns(self, state: tuple[Timeline, Any], response: Any) -> Any:
+        attempt, token = state
+        connecting.reset(token)
+        response.stream = _AsyncStream(response.stream, attempt, self._emitter)
+        return response
 
-        async def handle_async_request(pool: Any, request: Any) -> Any:
-            if not tracing_allowed():
-                return await original(pool, request)
-            attempt = begin(request, _AsyncTrace)
-            if attempt is None:
-                return await original(pool, request)
-            token = connecting.set(None)
-            try:
-                response = await original(pool, request)
-            except BaseException as exc:
-                attempt.fail(exc)
-                emitter.finish(attempt)
-                raise
-            finally:
-                connecting.reset(token)
-            _attach(response, _AsyncStream(response.stream, attempt, emitter), emitter, attempt)
-            return response
+    def _fails(self, state: tuple[Timeline, Any], exc: BaseException) -> None:
+        attempt, token = state
+        connecting.reset(token)
+        _failed(self._emitter, attempt, exc)
 
-        return handle_async_request
+    def _abandon(self, state: tuple[Timeline, Any]) -> None:
+        self._emitter.finish(state[0])
 
 
-def _attach(response: Any, stream: Any, emitter: Emitter, attempt: Timeline) -> None:
-    try:
-        response.stream = stream
-    except Exception:
-        emitter.failed_once("httpcore response stream")
-        emitter.finish(attempt)
+def _queue_begins(pool_request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _queued_attempt(pool_request)
+    if attempt is None:
+        return SKIP
+    attempt.resume(QUEUE)  # a request may wait more than once; the phase spans all
+    return attempt
 
 
-def _wrap_sync_wait(original: Callable[..., Any]) -> Callable[..., Any]:
-    def wait_for_connection(pool_request: Any, *args: Any, **kwargs: Any) -> Any:
-        attempt = _queued_attempt(pool_request)
-        if attempt is None:
-            return original(pool_request, *args, **kwargs)
-        attempt.resume(QUEUE)  # a request may wait more than once; the phase spans all
-        connection = original(pool_request, *args, **kwargs)
-        attempt.finish(QUEUE)
-        return connection
-
-    return wait_for_connection
-
-
-def _wrap_async_wait(original: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-    async def wait_for_connection(pool_request: Any, *args: Any, **kwargs: Any) -> Any:
-        attempt = _queued_attempt(pool_request)
-        if attempt is None:
-            return await original(pool_request, *args, **kwargs)
-        attempt.resume(QUEUE)  # a request may wait more than once; the phase spans all
-        connection = await original(pool_request, *args, **kwargs)
-        attempt.finish(QUEUE)
-        return connection
-
-    return wait_for_connection
+def _queue_ends(attempt: Timeline, connection: Any) -> Any:
+    attempt.finish(QUEUE)
+    return connection
 
 
 def _queued_attempt(pool_request: Any) -> Timeline | None:

@@ -1,6 +1,7 @@
 """The requests adapter, on urllib3 underneath (so plain urllib3 users are covered too).
 
-How each phase is observed (patches on urllib3's classes):
+How each phase is observed (hooks on urllib3's classes; each group degrades on its own, see
+``_patching``):
 
 - an *attempt* is one call of ``HTTPConnectionPool.urlopen``; urllib3 calls it again for each
   of its own retries (``Retry`` on requests' ``HTTPAdapter``) and redirects, and each call gets
@@ -13,21 +14,19 @@ How each phase is observed (patches on urllib3's classes):
 - ``send``: ``HTTPConnection.request`` (headers and body written);
 - ``wait``: from there until the response headers are parsed (``HTTPResponse`` is built);
 - ``receive``: from the headers until the body's end is read (urllib3 releases the connection),
-  the response is closed or drained, or reading fails. Like httpcore, urllib3 reads the socket
+  the response is closed (by the program, or when it is garbage-collected) or drained, or
+  reading fails. Like httpcore, urllib3 reads the socket
   when the program reads the body, so chunk times are the times the program received them.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, Final
 
 import urllib3
-from urllib3 import connection, connectionpool, response
 
-from llm_latency.adapters._patching import Patches
+from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Rewrite, Unavailable
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
@@ -38,9 +37,21 @@ from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timel
 _ATTEMPT: Final = "_llm_latency_attempt"
 _CATCHING: Final = "_llm_latency_catching"
 _RELEASED: Final = "_llm_latency_released"
+_FRAMING: Final = "_llm_latency_framing"
+
+_POOL: Final = "urllib3.connectionpool:HTTPConnectionPool"
+_CONNECTION: Final = "urllib3.connection:HTTPConnection"
+_RESPONSE: Final = "urllib3.response:HTTPResponse"
+_TLS_MODULE: Final = "urllib3.connection"
+#: Where body bytes come from: plain and length-delimited reads, and chunked ones.
+_CHUNK_SOURCES: Final = ("_raw_read", "_handle_chunk")
 
 # The attempt of the urlopen call running in this thread (urllib3 is synchronous).
 _current: ContextVar[Timeline | None] = ContextVar("llm_latency_urllib3", default=None)
+
+# urlopen(method, url, body=None, headers=None, retries=None, ...): positions of the arguments
+_HEADERS_AT: Final = 3
+_RETRIES_AT: Final = 4
 
 
 def _resend_count(retries: Any) -> int:
@@ -58,44 +69,84 @@ def _full_url(pool: Any, url: str) -> str:
     return f"{pool.scheme}://{netloc}{url}"
 
 
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], at: int, name: str) -> Any:
+    return args[at] if len(args) > at else kwargs.get(name)
+
+
+class _Urlopen:
+    """What one traced ``urlopen`` call set up, to be undone when it returns or raises."""
+
+    __slots__ = ("attempt", "call", "call_token", "token")
+
+    def __init__(
+        self, attempt: Timeline, token: Any, call: LogicalCall | None, call_token: Any
+    ) -> None:
+        self.attempt = attempt
+        self.token = token
+        self.call = call
+        self.call_token = call_token
+
+
 class RequestsAdapter:
-    """Patches urllib3 to fill a Timeline per attempt."""
+    """Hooks urllib3 to fill a Timeline per attempt."""
 
     name = "requests"
 
     def __init__(self, emitter: Emitter) -> None:
         self._emitter = emitter
-        self._patches = Patches()
+        self._patches = PatchSet("requests", emitter.failed_once)
         self._resolver_acquired = False
+        self.lost: list[str] = self._patches.lost
 
     def install(self) -> None:
-        """Patch urllib3's pool, connection and response classes."""
+        """Hook urllib3's pool, connection and response classes. Raises :class:`Unavailable`
+        when the request span itself cannot be observed."""
         p = self._patches
-        pool = connectionpool.HTTPConnectionPool
-        p.replace(pool, "urlopen", self._wrap_urlopen(pool.urlopen))
-        p.replace(pool, "_get_conn", _wrap_get_conn(pool._get_conn))
-        p.replace(pool, "_make_request", self._wrap_make_request(pool._make_request))
-        conn = connection.HTTPConnection
-        p.replace(conn, "_new_conn", _wrap_new_conn(conn._new_conn))
-        p.replace(conn, "request", _wrap_send(conn.request))
-        p.replace(
-            connection,
-            "_ssl_wrap_socket_and_match_hostname",
-            _wrap_tls(connection._ssl_wrap_socket_and_match_hostname),
+        ends = Hook(self._ends)
+        urlopen = Hook(self._urlopen_begins, self._urlopen_returns, self._urlopen_fails)
+        if not p.group(
+            "request spans",
+            [
+                (_POOL, "urlopen", urlopen),
+                (_POOL, "_make_request", Hook(_connection_taken, error=self._request_fails)),
+                (_RESPONSE, "__init__", Hook(_response_begins, self._response_built)),
+                (_RESPONSE, "_error_catcher", Hook(_response_attempt, self._catching)),
+                (_RESPONSE, "release_conn", Hook(self._released)),
+                (_RESPONSE, "close", ends),
+                (_RESPONSE, "drain_conn", Hook(_response_attempt, self._drained)),
+            ],
+        ):
+            raise Unavailable(p.lost)
+        p.group(
+            "failures in a chunked body's framing",
+            [(_RESPONSE, "_update_chunk_length", Hook(_framing, _framed, _framing_failed))],
         )
-        resp = response.HTTPResponse
-        p.replace(resp, "__init__", self._wrap_response_init(resp.__init__))
-        p.replace(resp, "_raw_read", _wrap_chunk_source(resp._raw_read))
-        p.replace(resp, "_handle_chunk", _wrap_chunk_source(resp._handle_chunk))
-        p.replace(resp, "_error_catcher", self._wrap_error_catcher(resp._error_catcher))
-        p.replace(resp, "release_conn", self._wrap_release(resp.release_conn))
-        p.replace(resp, "close", self._wrap_release(resp.close))
-        p.replace(resp, "drain_conn", self._wrap_release(resp.drain_conn, after=True))
-        resolver_hooks.acquire()
+        p.group("the queue phase", [(_POOL, "_get_conn", Hook(_queue_begins, _queue_ends))])
+        p.group(
+            "the connect phase",
+            [(_CONNECTION, "_new_conn", Hook(_connect_begins, _connect_ends, _connect_fails))],
+        )
+        p.group(
+            "the tls phase",
+            [
+                (
+                    "urllib3.connection",
+                    "_ssl_wrap_socket_and_match_hostname",
+                    Hook(_tls_begins, _tls_ends),
+                )
+            ],
+        )
+        p.group("the send and wait phases", [(_CONNECTION, "request", Hook(_send_begins, _sent))])
+        chunk = Hook(_response_attempt, _chunk)
+        p.group(
+            "body chunk times",
+            [(_RESPONSE, "_raw_read", chunk), (_RESPONSE, "_handle_chunk", chunk)],
+        )
+        self.lost.extend(resolver_hooks.acquire(self._emitter.failed_once))
         self._resolver_acquired = True
 
     def uninstall(self) -> None:
-        """Undo every patch."""
+        """Undo every hook."""
         self._patches.restore()
         if self._resolver_acquired:
             self._resolver_acquired = False
@@ -103,156 +154,145 @@ class RequestsAdapter:
 
     # -- the attempt --------------------------------------------------------------------------
 
-    def _begin(self, pool: Any, method: str, url: str, headers: Any, retries: Any) -> Timeline:
+    def _urlopen_begins(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not tracing_allowed():
+            return SKIP
+        method = _argument(args, kwargs, 0, "method")
+        url = _argument(args, kwargs, 1, "url")
+        headers = _argument(args, kwargs, _HEADERS_AT, "headers")
+        rewrite = headers is None
+        if rewrite:  # urllib3 would send the pool's headers: a copy of them, to add traceparent
+            headers = dict(pool.headers)
+            if len(args) > _HEADERS_AT:
+                args = (*args[:_HEADERS_AT], headers, *args[_HEADERS_AT + 1 :])
+            else:
+                kwargs = {**kwargs, "headers": headers}
         attempt = Timeline(method, _full_url(pool, url))
-        attempt.resend_count = _resend_count(retries)
-        carrier: dict[str, str] = {}
+        attempt.resend_count = _resend_count(_argument(args, kwargs, _RETRIES_AT, "retries"))
         path = url.partition("?")[0] if "://" not in url else urllib3.util.parse_url(url).path
-        self._emitter.start(attempt, pool.host, pool.port, path or "/", carrier)
-        if headers is not None and carrier:
+        # The outermost urlopen groups urllib3's own retries and redirects (it recurses for
+        # each), so the waits between them become retry.backoff spans.
+        call = LogicalCall() if current_call.get() is None else None
+        call_token = None if call is None else current_call.set(call)
+        try:
+            carrier: dict[str, str] = {}
+            self._emitter.start(attempt, pool.host, pool.port, path or "/", carrier)
             headers.update(carrier)
-        return attempt
+        except BaseException:
+            if call_token is not None:
+                current_call.reset(call_token)
+            raise
+        state = _Urlopen(attempt, _current.set(attempt), call, call_token)
+        return Rewrite(state, args, kwargs) if rewrite else state
 
-    def _wrap_urlopen(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        emitter = self._emitter
-        begin = self._begin
+    def _urlopen_done(self, state: _Urlopen) -> None:
+        _current.reset(state.token)
+        if state.call_token is not None:
+            current_call.reset(state.call_token)
+            if state.call is not None:
+                self._emitter.close_call(state.call)
 
-        def urlopen(
-            pool: Any,
-            method: str,
-            url: str,
-            body: Any = None,
-            headers: Any = None,
-            retries: Any = None,
-            *args: Any,
-            **kwargs: Any,
-        ) -> Any:
-            if not tracing_allowed():
-                return original(pool, method, url, body, headers, retries, *args, **kwargs)
-            if headers is None:
-                headers = dict(pool.headers)
-            # The outermost urlopen groups urllib3's own retries and redirects (it recurses
-            # for each), so the waits between them become retry.backoff spans.
-            call_token = None
-            if current_call.get() is None:
-                call = LogicalCall()
-                call_token = current_call.set(call)
-            try:
-                attempt = begin(pool, method, url, headers, retries)
-            except Exception:
-                emitter.failed_once("urllib3 urlopen")
-                if call_token is not None:
-                    current_call.reset(call_token)
-                return original(pool, method, url, body, headers, retries, *args, **kwargs)
-            token = _current.set(attempt)
-            try:
-                return original(pool, method, url, body, headers, retries, *args, **kwargs)
-            except BaseException as exc:
-                if not attempt.ended:
-                    attempt.fail(exc)
-                    emitter.finish(attempt)
-                raise
-            finally:
-                _current.reset(token)
-                if call_token is not None:
-                    current_call.reset(call_token)
-                    emitter.close_call(call)
+    def _urlopen_returns(self, state: _Urlopen, response: Any) -> Any:
+        self._urlopen_done(state)
+        return response
 
-        return urlopen
+    def _urlopen_fails(self, state: _Urlopen, exc: BaseException) -> None:
+        try:
+            _end_failed(self._emitter, state.attempt, exc)
+        finally:
+            self._urlopen_done(state)
 
-    def _wrap_make_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        emitter = self._emitter
-
-        def _make_request(pool: Any, conn: Any, *args: Any, **kwargs: Any) -> Any:
-            attempt = _current.get()
-            if attempt is None:
-                return original(pool, conn, *args, **kwargs)
-            attempt.reused = getattr(conn, "sock", None) is not None
-            try:
-                return original(pool, conn, *args, **kwargs)
-            except BaseException as exc:
-                # urllib3 may retry after this: the attempt ends here, with its own error.
-                attempt.fail(exc)
-                emitter.finish(attempt)
-                raise
-
-        return _make_request
+    def _request_fails(self, attempt: Timeline, exc: BaseException) -> None:
+        # urllib3 may retry after this: the attempt ends here, with its own error.
+        _end_failed(self._emitter, attempt, exc)
 
     # -- the response -------------------------------------------------------------------------
 
-    def _wrap_response_init(self, original: Callable[..., None]) -> Callable[..., None]:
-        emitter = self._emitter
+    def _response_built(self, state: tuple[Timeline, Any], result: None) -> None:
+        attempt, resp = state
+        _headers_received(attempt, resp)
+        if resp._body is not None or resp.length_remaining == 0 or resp.closed:
+            self._emitter.finish(attempt)  # the body was read at once (preload_content)
 
-        def __init__(resp: Any, *args: Any, **kwargs: Any) -> None:
-            attempt = _current.get()
-            if attempt is None or attempt.ended or attempt.current_phase not in (SEND, WAIT):
-                original(resp, *args, **kwargs)
-                return
-            now = _now()
-            attempt.finish(attempt.current_phase, now)
-            attempt.begin(RECEIVE, now)
-            resp.__dict__[_ATTEMPT] = attempt
-            original(resp, *args, **kwargs)  # reads the whole body now if preload_content
-            try:
-                _headers_received(attempt, resp)
-            except Exception:
-                emitter.failed_once("urllib3 response")
-            if resp._body is not None or resp.length_remaining == 0 or resp.closed:
-                emitter.finish(attempt)
+    def _catching(self, state: tuple[Timeline, Any], catcher: Any) -> Any:
+        return _ErrorCatcher(catcher, state[0], state[1], self._emitter)
 
-        return __init__
+    def _released(self, resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The connection goes back to the pool. Inside a read (``_error_catcher``) the end is
+        left to that read: it knows whether the body ended or failed (urllib3 releases the
+        connection before raising)."""
+        state = resp.__dict__
+        attempt: Timeline | None = state.get(_ATTEMPT)
+        if attempt is not None and not attempt.ended:
+            if state.get(_CATCHING):
+                state[_RELEASED] = True
+            else:
+                self._emitter.finish(attempt)
 
-    def _wrap_error_catcher(
-        self, original: Callable[..., contextlib.AbstractContextManager[None]]
-    ) -> Callable[..., contextlib.AbstractContextManager[None]]:
-        emitter = self._emitter
+    def _ends(self, resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The response is closed: by the program (even mid-stream, while a chunked read is
+        suspended in its generator), or when it is garbage-collected. urllib3 itself closes it
+        on broken chunk framing, right before raising: that end is left to the read."""
+        state = resp.__dict__
+        attempt: Timeline | None = state.get(_ATTEMPT)
+        if attempt is not None and not attempt.ended:
+            if state.get(_FRAMING):
+                state[_RELEASED] = True
+            else:
+                self._emitter.finish(attempt)
 
-        @contextlib.contextmanager
-        def _error_catcher(resp: Any) -> Iterator[None]:
-            attempt: Timeline | None = resp.__dict__.get(_ATTEMPT)
-            if attempt is None or attempt.ended:
-                with original(resp):
-                    yield
-                return
-            state = resp.__dict__
-            state[_CATCHING] = True
-            try:
-                with original(resp):
-                    yield
-            except BaseException as exc:
-                state[_CATCHING] = False
-                if not attempt.ended and not isinstance(exc, GeneratorExit):
-                    attempt.fail(exc)
-                    emitter.finish(attempt)
-                raise
+    def _drained(self, attempt: Timeline, result: Any) -> Any:
+        self._emitter.finish(attempt)
+        return result
+
+
+class _ErrorCatcher:
+    """urllib3's ``_error_catcher`` context, telling the attempt how the read inside ended."""
+
+    __slots__ = ("_attempt", "_emitter", "_inner", "_resp")
+
+    def __init__(self, inner: Any, attempt: Timeline, resp: Any, emitter: Emitter) -> None:
+        self._inner = inner
+        self._attempt = attempt
+        self._resp = resp
+        self._emitter = emitter
+
+    def __enter__(self) -> Any:
+        self._resp.__dict__[_CATCHING] = True
+        return self._inner.__enter__()
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> Any:
+        try:
+            suppressed = self._inner.__exit__(kind, error, traceback)
+        except BaseException as raised:  # urllib3 raised its own exception in place of error
+            self._read_ends(raised)
+            raise
+        self._read_ends(None if suppressed else error)
+        return suppressed
+
+    def _read_ends(self, error: BaseException | None) -> None:
+        try:
+            state = self._resp.__dict__
             state[_CATCHING] = False
-            if state.pop(_RELEASED, False):
-                emitter.finish(attempt)
+            released = state.pop(_RELEASED, False)
+            attempt = self._attempt
+            if attempt.ended:
+                return
+            if error is not None and not isinstance(error, GeneratorExit):
+                attempt.fail(error)
+                self._emitter.finish(attempt)
+            elif released:
+                self._emitter.finish(attempt)
+        except Exception:
+            self._emitter.failed_once("urllib3 response read")
 
-        return _error_catcher
 
-    def _wrap_release(
-        self, original: Callable[..., Any], after: bool = False
-    ) -> Callable[..., Any]:
-        """End the attempt when the response is released, closed or drained. Inside a read
-        (``_error_catcher``) the end is left to that read: it knows whether the body ended or
-        failed (urllib3 closes the response before raising)."""
-        emitter = self._emitter
-
-        def end(resp: Any, *args: Any, **kwargs: Any) -> Any:
-            state = resp.__dict__
-            attempt: Timeline | None = state.get(_ATTEMPT)
-            if not after and attempt is not None and not attempt.ended:
-                if state.get(_CATCHING):
-                    state[_RELEASED] = True
-                else:
-                    emitter.finish(attempt)
-            result = original(resp, *args, **kwargs)
-            if after and attempt is not None and not attempt.ended:
-                emitter.finish(attempt)
-            return result
-
-        return end
+def _end_failed(emitter: Emitter, attempt: Timeline, exc: BaseException) -> None:
+    if not attempt.ended:
+        try:
+            attempt.fail(exc)
+        finally:
+            emitter.finish(attempt)
 
 
 def _headers_received(attempt: Timeline, resp: Any) -> None:
@@ -266,79 +306,130 @@ def _headers_received(attempt: Timeline, resp: Any) -> None:
         attempt.sse = SSECounter()
 
 
-def _wrap_chunk_source(original: Callable[..., bytes]) -> Callable[..., bytes]:
-    def read(resp: Any, *args: Any, **kwargs: Any) -> bytes:
-        data = original(resp, *args, **kwargs)
-        if data:
-            attempt: Timeline | None = resp.__dict__.get(_ATTEMPT)
-            if attempt is not None and not attempt.ended:
-                attempt.chunk(data)
-        return data
-
-    return read
+# -- hooks that need no emitter ------------------------------------------------------------------
 
 
-# -- connection phases ---------------------------------------------------------------------------
+def _live_attempt() -> Timeline | None:
+    attempt = _current.get()
+    return None if attempt is None or attempt.ended else attempt
 
 
-def _wrap_get_conn(original: Callable[..., Any]) -> Callable[..., Any]:
-    def _get_conn(pool: Any, *args: Any, **kwargs: Any) -> Any:
-        attempt = _current.get()
-        if attempt is None or not pool.block or pool.pool is None or not pool.pool.empty():
-            return original(pool, *args, **kwargs)
-        attempt.resume(QUEUE)
-        conn = original(pool, *args, **kwargs)
-        attempt.finish(QUEUE)
-        return conn
-
-    return _get_conn
+def _connection_taken(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _current.get()
+    if attempt is None:
+        return SKIP
+    conn = args[0] if args else kwargs["conn"]
+    attempt.reused = getattr(conn, "sock", None) is not None
+    return attempt
 
 
-def _wrap_new_conn(original: Callable[..., Any]) -> Callable[..., Any]:
-    def _new_conn(conn: Any) -> Any:
-        attempt = _current.get()
-        if attempt is None or attempt.ended:
-            return original(conn)
-        sending = attempt.current_phase == SEND  # plain HTTP connects lazily, inside send
-        attempt.reused = False
-        attempt.begin(CONNECT)
-        token = connecting.set(attempt)
-        try:
-            sock = original(conn)
-        finally:
-            connecting.reset(token)
-        now = _now()
+def _response_begins(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _live_attempt()
+    if attempt is None or attempt.current_phase == RECEIVE:
+        return SKIP
+    now = _now()
+    current = attempt.current_phase
+    if current in (SEND, WAIT):
+        attempt.finish(current, now)
+    attempt.begin(RECEIVE, now)
+    resp.__dict__[_ATTEMPT] = attempt
+    return attempt, resp  # __init__ then reads the whole body if preload_content
+
+
+def _response_attempt(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt: Timeline | None = resp.__dict__.get(_ATTEMPT)
+    return SKIP if attempt is None or attempt.ended else (attempt, resp)
+
+
+def _framing(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    state = resp.__dict__
+    if _ATTEMPT not in state:
+        return SKIP
+    state[_FRAMING] = True
+    return state
+
+
+def _framed(state: dict[str, Any], result: None) -> None:
+    state[_FRAMING] = False
+
+
+def _framing_failed(state: dict[str, Any], exc: BaseException) -> None:
+    state[_FRAMING] = False
+
+
+def _chunk(state: tuple[Timeline, Any], data: bytes) -> bytes:
+    if data:
+        attempt = state[0]
+        if not attempt.ended:
+            attempt.chunk(data)
+    return data
+
+
+def _queue_begins(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _current.get()
+    if attempt is None or not pool.block or pool.pool is None or not pool.pool.empty():
+        return SKIP
+    attempt.resume(QUEUE)
+    return attempt
+
+
+def _queue_ends(attempt: Timeline, conn: Any) -> Any:
+    attempt.finish(QUEUE)
+    return conn
+
+
+def _connect_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _live_attempt()
+    if attempt is None:
+        return SKIP
+    # Plain HTTP connects lazily, inside send: that send had not started, it starts again
+    # once connected (a refused connect has no send phase).
+    sending = attempt.current_phase == SEND
+    if sending:
+        attempt.discard(SEND)
+    attempt.reused = False
+    attempt.begin(CONNECT)
+    return attempt, connecting.set(attempt), sending
+
+
+def _connect_ends(state: tuple[Timeline, Any, bool], sock: Any) -> Any:
+    attempt, token, sending = state
+    connecting.reset(token)
+    now = _now()
+    if attempt.current_phase == CONNECT:
         attempt.finish(CONNECT, now)
-        if sending:
-            attempt.begin(SEND, now)
-        return sock
-
-    return _new_conn
+    if sending:
+        attempt.begin(SEND, now)
+    return sock
 
 
-def _wrap_tls(original: Callable[..., Any]) -> Callable[..., Any]:
-    def wrap_socket(*args: Any, **kwargs: Any) -> Any:
-        attempt = _current.get()
-        if attempt is None or attempt.ended:
-            return original(*args, **kwargs)
-        attempt.begin(TLS)
-        result = original(*args, **kwargs)
-        attempt.finish(TLS)
-        return result
-
-    return wrap_socket
+def _connect_fails(state: tuple[Timeline, Any, bool], exc: BaseException) -> None:
+    connecting.reset(state[1])
 
 
-def _wrap_send(original: Callable[..., Any]) -> Callable[..., Any]:
-    def request(conn: Any, *args: Any, **kwargs: Any) -> Any:
-        attempt = _current.get()
-        if attempt is None or attempt.ended:
-            return original(conn, *args, **kwargs)
-        attempt.begin(SEND)
-        result = original(conn, *args, **kwargs)
-        now = _now()
-        attempt.finish(SEND, now)
-        attempt.begin(WAIT, now)
-        return result
+def _tls_begins(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _live_attempt()
+    if attempt is None:
+        return SKIP
+    attempt.begin(TLS)
+    return attempt
 
-    return request
+
+def _tls_ends(attempt: Timeline, result: Any) -> Any:
+    attempt.finish(TLS)
+    return result
+
+
+def _send_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    attempt = _live_attempt()
+    if attempt is None:
+        return SKIP
+    attempt.begin(SEND)
+    return attempt
+
+
+def _sent(attempt: Timeline, result: Any) -> Any:
+    now = _now()
+    attempt.finish(SEND, now)
+    attempt.begin(WAIT, now)
+    return result

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import llm_latency
 from llm_latency.cli.results import SpanCollector
-from llm_latency.setup import metric_exporter, span_exporter
+from llm_latency.setup import metric_exporters, span_exporters
 
 
 def otlp_endpoint() -> str | None:
@@ -35,12 +35,13 @@ def instrumented(service: str, clients: list[str]) -> Iterator[SpanCollector]:
     tracer_provider.add_span_processor(collector)
     readers: list[MetricReader] = []
     if otlp_endpoint():
-        spans_out = span_exporter("otlp")
-        if spans_out is not None:
+        for spans_out in span_exporters(["otlp"]):
             tracer_provider.add_span_processor(BatchSpanProcessor(spans_out))
-        metrics_out = metric_exporter("otlp")
-        if metrics_out is not None:
-            readers.append(PeriodicExportingMetricReader(metrics_out, 5000))
+        for metrics_out in metric_exporters(["otlp"]):
+            if isinstance(metrics_out, MetricReader):
+                readers.append(metrics_out)
+            else:
+                readers.append(PeriodicExportingMetricReader(metrics_out, 5000))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     llm_latency.instrument(
         tracer_provider=tracer_provider,

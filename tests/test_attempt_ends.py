@@ -1,0 +1,129 @@
+"""Every attempt ends exactly once, however its body is abandoned (read to the end, closed,
+released or garbage-collected), and no phase is invented."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import httpx2
+import requests
+import urllib3
+
+from llm_latency.instrumentor import LLMLatencyInstrumentor
+from tests.conftest import Telemetry
+from tests.servers import LLMServer, unused_port
+
+ROUNDS = 30
+
+
+async def in_thread(work: Callable[[], Any]) -> Any:
+    return await asyncio.to_thread(work)
+
+
+def open_attempts() -> int:
+    emitter = LLMLatencyInstrumentor().emitter
+    assert emitter is not None
+    return len(emitter._open)
+
+
+def assert_every_attempt_ended(telemetry: Telemetry, count: int) -> None:
+    assert open_attempts() == 0
+    assert len(telemetry.requests()) == count
+    telemetry.assert_all_ended_once()
+
+
+async def test_urllib3_stream_closed_while_its_generator_is_kept(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    # As botocore's EventStream.close() does after a break out of converse_stream: the raw
+    # urllib3 response is closed while its chunked read is suspended in a generator that the
+    # program still holds.
+    url = server.url(chunks=20, gap=0.05, sse=1)
+    kept: list[Any] = []
+
+    def work() -> None:
+        with urllib3.PoolManager() as pool:
+            for _ in range(ROUNDS):
+                response = pool.request("POST", url, body=b"{}", preload_content=False)
+                chunks = response.stream(64)
+                next(chunks)
+                kept.append(chunks)
+                response.close()
+
+    await in_thread(work)
+    assert_every_attempt_ended(telemetry, ROUNDS)
+
+
+async def test_requests_iter_lines_kept_and_response_closed(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    url = server.url(chunks=20, gap=0.05, sse=1)
+    kept: list[Any] = []
+
+    def work() -> None:
+        with requests.Session() as session:
+            for _ in range(ROUNDS):
+                response = session.get(url, stream=True)
+                lines = response.iter_lines()
+                next(lines)
+                kept.append(lines)
+                response.close()
+
+    await in_thread(work)
+    assert_every_attempt_ended(telemetry, ROUNDS)
+
+
+async def test_requests_response_dropped_unread_ends_when_collected(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    url = server.url(chunks=5, gap=0.05, sse=1)
+
+    def work() -> None:
+        for _ in range(3):
+            response = requests.get(url, stream=True)
+            next(response.iter_content(16))
+            del response
+            gc.collect()
+
+    await in_thread(work)
+    assert_every_attempt_ended(telemetry, 3)
+
+
+async def test_httpx_response_dropped_unread_ends_when_collected(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    url = server.url(chunks=5, gap=0.05, sse=1)
+
+    def work() -> None:
+        for module in (httpx, httpx2):
+            with module.Client() as client:
+                for _ in range(3):
+                    response = client.send(client.build_request("GET", url), stream=True)
+                    next(response.iter_bytes())
+                    del response
+                    gc.collect()
+
+    await in_thread(work)
+    assert_every_attempt_ended(telemetry, 6)
+
+
+async def test_refused_plain_http_connect_has_no_send_phase(telemetry: Telemetry) -> None:
+    # Plain HTTP connects inside send: the send had not started when the connect failed.
+    url = f"http://127.0.0.1:{unused_port()}/v1/chat/completions"
+
+    def work() -> None:
+        try:
+            requests.post(url, json={"model": "m"}, timeout=5)
+        except requests.exceptions.ConnectionError:
+            return
+        raise AssertionError("the connect was not refused")
+
+    await in_thread(work)
+    (request,) = telemetry.requests()
+    assert set(telemetry.phases(request)) == {"connect"}
+    assert request.attributes is not None
+    assert request.attributes["llm_latency.failed_phase"] == "connect"
