@@ -268,10 +268,16 @@ class PatchSet:
             _remove(self._installed.pop())
 
 
+def _is(node: Any, wrapper: Any) -> bool:
+    """Whether ``node`` is ``wrapper``, or wrapt's bound form of it (what ``getattr`` on the
+    class returns, and so what contrib's ``unwrap`` may have put back in its place)."""
+    return node is wrapper or getattr(node, "_self_parent", None) is wrapper
+
+
 def _remove(item: _Installed) -> None:
     owner, name, wrapper = item.owner, item.name, item.wrapper
     current = vars(owner).get(name, _MISSING)
-    if current is wrapper:
+    if _is(current, wrapper):
         if item.original_own is _MISSING:
             delattr(owner, name)
         else:
@@ -280,7 +286,7 @@ def _remove(item: _Installed) -> None:
     node = current
     while isinstance(node, _PROXY):
         below = node.__wrapped__
-        if below is wrapper:
+        if _is(below, wrapper):
             node.__wrapped__ = wrapper.__wrapped__
             return
         node = below

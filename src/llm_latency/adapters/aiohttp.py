@@ -126,7 +126,7 @@ class AiohttpAdapter:
         when the request span itself cannot be observed."""
         p = self._patches
         done = Hook(self._response_done)
-        request = Hook(_request_begins, _request_returns, self._request_fails)
+        request = Hook(_request_begins, self._request_returns, self._request_fails)
         if not p.group(
             "request spans",
             [
@@ -169,6 +169,15 @@ class AiohttpAdapter:
         _streams.clear()
 
     # -- the call and the attempt -------------------------------------------------------------
+
+    def _request_returns(self, state: tuple[_Call, Any], result: Any) -> Any:
+        call, token = state
+        _call.reset(token)
+        attempt = call.attempt
+        if attempt is not None and not attempt.ended:
+            # Never handed to its response (a fault in between): nothing else will end it.
+            self._emitter.finish(attempt)
+        return result
 
     def _request_fails(self, state: tuple[_Call, Any], exc: BaseException) -> None:
         call, token = state
@@ -286,11 +295,6 @@ def _request_begins(session: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return SKIP
     call = _Call()
     return call, _call.set(call)
-
-
-def _request_returns(state: tuple[_Call, Any], result: Any) -> Any:
-    _call.reset(state[1])
-    return result
 
 
 def _attempt_fails(attempt: Timeline, exc: BaseException) -> None:

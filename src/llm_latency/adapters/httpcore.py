@@ -336,11 +336,15 @@ class HttpcoreAdapter:
             target.partition("?")[0],
             carrier,
         )
-        for name, value in carrier.items():
-            request.headers.append((name.encode("ascii"), value.encode("ascii")))
-        extensions = dict(request.extensions)
-        extensions["trace"] = trace_factory(attempt, _program_trace(extensions), self._emitter)
-        request.extensions = extensions
+        try:
+            for name, value in carrier.items():
+                request.headers.append((name.encode("ascii"), value.encode("ascii")))
+            extensions = dict(request.extensions)
+            extensions["trace"] = trace_factory(attempt, _program_trace(extensions), self._emitter)
+            request.extensions = extensions
+        except BaseException:
+            self._emitter.finish(attempt)
+            raise
         return attempt, connecting.set(None)
 
     def _sync_begins(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

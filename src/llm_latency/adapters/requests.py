@@ -179,6 +179,7 @@ class RequestsAdapter:
             self._emitter.start(attempt, pool.host, pool.port, path or "/", carrier)
             headers.update(carrier)
         except BaseException:
+            self._emitter.finish(attempt)
             if call_token is not None:
                 current_call.reset(call_token)
             raise
@@ -193,7 +194,13 @@ class RequestsAdapter:
                 self._emitter.close_call(state.call)
 
     def _urlopen_returns(self, state: _Urlopen, response: Any) -> Any:
-        self._urlopen_done(state)
+        try:
+            attempt = state.attempt
+            if not attempt.ended and getattr(response, "__dict__", {}).get(_ATTEMPT) is not attempt:
+                # Nothing will end it (a fault kept it from its response): it ends here.
+                self._emitter.finish(attempt)
+        finally:
+            self._urlopen_done(state)
         return response
 
     def _urlopen_fails(self, state: _Urlopen, exc: BaseException) -> None:
@@ -327,12 +334,12 @@ def _response_begins(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     attempt = _live_attempt()
     if attempt is None or attempt.current_phase == RECEIVE:
         return SKIP
+    resp.__dict__[_ATTEMPT] = attempt  # first: from here on, the response's end ends it
     now = _now()
     current = attempt.current_phase
     if current in (SEND, WAIT):
         attempt.finish(current, now)
     attempt.begin(RECEIVE, now)
-    resp.__dict__[_ATTEMPT] = attempt
     return attempt, resp  # __init__ then reads the whole body if preload_content
 
 

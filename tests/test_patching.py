@@ -1,0 +1,279 @@
+"""The patching layer never changes what the program does: faithful wrappers, guarded plugin
+code, degrading per client when a library changed, and stacking with the wrapt-based official
+instrumentations in either order."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import ssl
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiohttp
+import httpx
+import httpx2
+import pytest
+import requests
+from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+from opentelemetry.instrumentation.requests import RequestsInstrumentor
+from opentelemetry.instrumentation.urllib3 import URLLib3Instrumentor
+from opentelemetry.trace import SpanKind
+
+import llm_latency
+from llm_latency import instrumentor as instrumentor_module
+from llm_latency.adapters import aiohttp as aiohttp_adapter
+from llm_latency.emitter import Emitter
+from llm_latency.instrumentor import LLMLatencyInstrumentor, Target
+from llm_latency.sse import SSECounter
+from llm_latency.timeline import Timeline
+from tests.conftest import Telemetry
+from tests.servers import LLMServer
+from tests.test_api import PATCHED, snapshot
+
+CLIENTS = ["aiohttp", "httpx", "httpx2", "requests"]
+
+
+async def fetch(client: str, url: str, **options: Any) -> bytes:
+    """One streamed request through ``client``; the body the program got."""
+    if client == "aiohttp":
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, json={"m": 1}, **options) as response,
+        ):
+            return await response.read()
+    if client == "requests":
+        return await asyncio.to_thread(lambda: requests.post(url, json={"m": 1}).content)
+    module = httpx if client == "httpx" else httpx2
+    async with module.AsyncClient() as http:  # type: ignore[attr-defined]
+        response = await http.post(url, json={"m": 1})
+        return bytes(response.content)
+
+
+# -- faithful wrappers --------------------------------------------------------------------------
+
+
+def test_wrappers_keep_signature_names_and_wrapped() -> None:
+    originals = snapshot()
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        for (owner, name), original in zip(PATCHED, originals, strict=True):
+            patched = vars(owner)[name]
+            where = f"{getattr(owner, '__name__', owner)}.{name}"
+            assert patched is not original, where
+            assert inspect.signature(patched) == inspect.signature(original), where
+            assert patched.__name__ == original.__name__, where
+            assert patched.__qualname__ == original.__qualname__, where
+            assert patched.__wrapped__ is original, where
+            assert inspect.iscoroutinefunction(patched) == inspect.iscoroutinefunction(original)
+    finally:
+        llm_latency.uninstrument()
+
+
+async def test_options_read_from_the_signature_are_not_dropped(
+    tls_server: LLMServer, client_ssl: ssl.SSLContext
+) -> None:
+    # google-genai builds its aiohttp options from inspect.signature(ClientSession._request):
+    # an ssl context for a private CA must reach aiohttp.
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        accepted = inspect.signature(aiohttp.ClientSession._request).parameters
+        options = {k: v for k, v in {"ssl": client_ssl, "unknown": 1}.items() if k in accepted}
+        assert set(options) == {"ssl"}
+        body = await fetch("aiohttp", tls_server.url(host="localhost"), **options)
+    finally:
+        llm_latency.uninstrument()
+    assert body
+    assert len(telemetry.requests()) == 1
+
+
+# -- guarded plugin code ------------------------------------------------------------------------
+
+FAULTS: dict[str, tuple[Any, str]] = {
+    "sse counter": (SSECounter, "feed"),
+    "phase bookkeeping": (Timeline, "begin"),
+    "chunk bookkeeping": (Timeline, "chunk"),
+    "span start": (Emitter, "start"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_a_fault_in_plugin_code_never_reaches_the_program(
+    telemetry: Telemetry,
+    server: LLMServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    client: str,
+    fault: str,
+) -> None:
+    url = server.url(chunks=4, gap=0.01, sse=1)
+    llm_latency.uninstrument()
+    expected = await fetch(client, url)
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("plugin bug")
+
+    owner, name = FAULTS[fault]
+    monkeypatch.setattr(owner, name, broken)
+    telemetry.instrument()
+    with caplog.at_level(logging.ERROR, logger="llm_latency"):
+        for _ in range(3):
+            assert await fetch(client, url) == expected
+    faults = [r for r in caplog.records if r.exc_text and "plugin bug" in r.exc_text]
+    assert len(faults) == 1  # logged once
+    telemetry.assert_all_ended_once()  # an attempt that started still ended
+
+
+# -- degrading when a client library changed ------------------------------------------------------
+
+
+async def test_a_missing_phase_hook_loses_that_phase_only(
+    server: LLMServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(aiohttp_adapter, "_TCP_CONNECTOR", "aiohttp.connector:RenamedConnector")
+    telemetry = Telemetry()
+    with caplog.at_level(logging.WARNING, logger="llm_latency"):
+        telemetry.instrument()
+    try:
+        await fetch("aiohttp", server.url())
+        await fetch("httpx2", server.url())
+    finally:
+        llm_latency.uninstrument()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("llm-latency: aiohttp ")
+    assert (
+        "the dns phase (aiohttp.connector.RenamedConnector._resolve_host not found)"
+        in (warnings[0])
+    )
+    assert "the connect and tls phases" in warnings[0]
+    aiohttp_span, httpx2_span = telemetry.requests()
+    assert set(telemetry.phases(aiohttp_span)) == {"send", "wait", "receive"}
+    assert "connect" in telemetry.phases(httpx2_span)
+
+
+async def test_a_missing_essential_hook_turns_that_client_off(
+    server: LLMServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(aiohttp_adapter, "_READER", "aiohttp.streams:RenamedReader")
+    before = snapshot()
+    telemetry = Telemetry()
+    with caplog.at_level(logging.WARNING, logger="llm_latency"):
+        telemetry.instrument()  # never raises
+    try:
+        assert vars(aiohttp.ClientSession)["_request"] is before[0]  # nothing left half-done
+        await fetch("aiohttp", server.url())
+        await fetch("requests", server.url())
+    finally:
+        llm_latency.uninstrument()
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith("llm-latency: aiohttp ")
+    assert "is not instrumented" in warning
+    assert "aiohttp.streams.RenamedReader" in warning
+    (only,) = telemetry.requests()
+    assert only.attributes is not None
+    assert "urllib3" in str(only.attributes.get("url.full")) or only.name.startswith("POST")
+    assert snapshot() == before
+
+
+async def test_a_client_outside_its_supported_range_is_skipped(
+    server: LLMServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clients = dict(instrumentor_module.CLIENTS)
+    clients["aiohttp"] = Target(
+        "aiohttp", "aiohttp < 1", "llm_latency.adapters.aiohttp:AiohttpAdapter"
+    )
+    monkeypatch.setattr(instrumentor_module, "CLIENTS", clients)
+    telemetry = Telemetry()
+    with caplog.at_level(logging.WARNING, logger="llm_latency"):
+        telemetry.instrument()
+    try:
+        await fetch("aiohttp", server.url())
+        await fetch("httpx", server.url())
+    finally:
+        llm_latency.uninstrument()
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith("llm-latency: aiohttp is not instrumented: ")
+    assert "aiohttp < 1" in warning
+    assert len(telemetry.requests()) == 1
+
+
+def test_instrumentation_dependencies_are_the_supported_ranges() -> None:
+    dependencies = list(LLMLatencyInstrumentor().instrumentation_dependencies())
+    names = [requirement.split()[0] for requirement in dependencies]
+    assert names == ["aiohttp", "httpcore", "httpcore2", "urllib3", "openai", "anthropic"]
+    assert all(">=" in r and "<" in r for r in dependencies)
+    # Every client is within its range here, so nothing conflicts.
+    assert LLMLatencyInstrumentor()._check_dependency_conflicts() is None
+
+
+# -- stacking with the official, wrapt-based instrumentations -------------------------------------
+
+OFFICIAL: dict[str, tuple[Callable[[], Any], str]] = {
+    "urllib3": (URLLib3Instrumentor, "requests"),
+    "requests": (RequestsInstrumentor, "requests"),
+    "httpx": (HTTPXClientInstrumentor, "httpx"),
+    "aiohttp-client": (AioHttpClientInstrumentor, "aiohttp"),
+}
+
+
+def scopes(telemetry: Telemetry) -> list[str]:
+    return sorted(
+        "ours" if s.instrumentation_scope.name == "llm_latency" else "theirs"
+        for s in telemetry.spans()
+        if s.instrumentation_scope is not None
+        and (s.kind is SpanKind.CLIENT or "url.full" in (s.attributes or {}))
+    )
+
+
+@pytest.fixture
+def no_instrumentation() -> Iterator[None]:
+    yield
+    llm_latency.uninstrument()
+    for make, _ in OFFICIAL.values():
+        make().uninstrument()
+
+
+@pytest.mark.usefixtures("no_instrumentation")
+@pytest.mark.parametrize("dropped_first", ["ours", "theirs"])
+@pytest.mark.parametrize("installed_first", ["ours", "theirs"])
+@pytest.mark.parametrize("official", sorted(OFFICIAL))
+async def test_stacks_with_an_official_instrumentation(
+    server: LLMServer, official: str, installed_first: str, dropped_first: str
+) -> None:
+    make, client = OFFICIAL[official]
+    theirs = make()
+    telemetry = Telemetry()
+    before = snapshot()
+    install: dict[str, Callable[[], None]] = {
+        "ours": telemetry.instrument,
+        "theirs": lambda: theirs.instrument(
+            tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider
+        ),
+    }
+    remove: dict[str, Callable[[], None]] = {
+        "ours": llm_latency.uninstrument,
+        "theirs": theirs.uninstrument,
+    }
+    other = "theirs" if installed_first == "ours" else "ours"
+    install[installed_first]()
+    install[other]()
+
+    async def one_request() -> list[str]:
+        telemetry.exporter.clear()
+        body = await fetch(client, server.url())
+        assert body
+        return scopes(telemetry)
+
+    assert await one_request() == ["ours", "theirs"]
+    remove[dropped_first]()
+    kept = "theirs" if dropped_first == "ours" else "ours"
+    assert await one_request() == [kept]
+    remove[kept]()
+    assert await one_request() == []
+    assert snapshot() == before
