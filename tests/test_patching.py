@@ -8,6 +8,7 @@ import asyncio
 import inspect
 import logging
 import ssl
+from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from opentelemetry.trace import SpanKind
 import llm_latency
 from llm_latency import instrumentor as instrumentor_module
 from llm_latency.adapters import aiohttp as aiohttp_adapter
+from llm_latency.adapters._resolver import resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.instrumentor import LLMLatencyInstrumentor, Target
 from llm_latency.sse import SSECounter
@@ -210,6 +212,26 @@ def test_instrumentation_dependencies_are_the_supported_ranges() -> None:
     assert all(">=" in r and "<" in r for r in dependencies)
     # Every client is within its range here, so nothing conflicts.
     assert LLMLatencyInstrumentor()._check_dependency_conflicts() is None
+
+
+def test_docs_list_every_hook() -> None:
+    documented = set()
+    for line in (Path(__file__).parents[1] / "docs" / "patching.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[2].startswith("`"):
+            documented.add((cells[0], cells[1], cells[2].strip("`")))
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        adapters = LLMLatencyInstrumentor()._adapters
+        hooked = {(a.name, cap, target) for a in adapters for cap, target in a._patches.targets}
+        resolver = resolver_hooks._patches
+        assert resolver is not None
+        shared = "httpx, httpx2, requests"
+        hooked |= {(shared, capability, target) for capability, target in resolver.targets}
+    finally:
+        llm_latency.uninstrument()
+    assert documented == hooked
 
 
 # -- stacking with the official, wrapt-based instrumentations -------------------------------------

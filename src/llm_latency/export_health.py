@@ -32,7 +32,8 @@ class _HoldBack(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING and self._health.detail is None:
-            self._health.detail = record.getMessage().splitlines()[0][:300]
+            text = record.getMessage().splitlines()[0]
+            self._health.detail = text if len(text) <= 200 else text[:199] + "…"
         return False
 
 

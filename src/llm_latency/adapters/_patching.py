@@ -224,12 +224,15 @@ class PatchSet:
         self._installed: list[_Installed] = []
         #: Capabilities not installed, each with the reason (a missing target).
         self.lost: list[str] = []
+        #: Every (capability, target) asked for, installed or not: what docs/patching.md lists.
+        self.targets: list[tuple[str, str]] = []
 
     def group(self, capability: str, targets: Sequence[Target]) -> bool:
         """Install every hook of ``capability``, or none of them if any target is missing.
 
         Returns whether the group was installed; a missing one is added to :attr:`lost`.
         """
+        self.targets.extend((capability, _describe(owner, name)) for owner, name, _ in targets)
         resolved: list[tuple[Any, str, Any, Hook]] = []
         for owner_ref, name, hook in targets:
             try:
