@@ -8,8 +8,8 @@ import asyncio
 import inspect
 import logging
 import ssl
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
