@@ -123,7 +123,12 @@ def _load(name: str, target: Target, emitter: Emitter) -> Adapter | None:
     """Install one adapter; on any reason not to, one warning and None."""
     conflict = get_dependency_conflicts([target.requirement])
     if conflict is not None:
-        _logger.warning("llm-latency: %s is not instrumented: %s", name, conflict)
+        _logger.warning(
+            'llm-latency: %s is not instrumented: it supports "%s", found "%s"',
+            name,
+            conflict.required,
+            conflict.found or "none",
+        )
         return None
     adapter: Adapter | None = None
     try:
