@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llm_latency.cli.errors import CLIError, describe
+from llm_latency.cli.redaction import scrub
 from llm_latency.cli.results import RequestResult, SpanCollector, summarize, to_results
 
 CLIENT_NAMES = ("aiohttp", "httpx2", "requests")
@@ -47,18 +48,20 @@ class ProbeRequest:
 
 
 def parse_url(url: str) -> str:
-    """The URL if it is an absolute http(s) URL with a host, else a CLIError."""
+    """The URL if it is an absolute http(s) URL with a host, else a CLIError (which shows the
+    URL without its secrets)."""
+    shown = repr(scrub(url, [url]))
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise CLIError(f"malformed URL {url!r}: {exc}") from None
+        raise CLIError(f"malformed URL {shown}: {exc}") from None
     if parts.scheme not in ("http", "https"):
-        raise CLIError(f"malformed URL {url!r}: it must start with http:// or https://")
+        raise CLIError(f"malformed URL {shown}: it must start with http:// or https://")
     if not parts.hostname:
-        raise CLIError(f"malformed URL {url!r}: no host")
+        raise CLIError(f"malformed URL {shown}: no host")
     if port == 0:
-        raise CLIError(f"malformed URL {url!r}: port 0")
+        raise CLIError(f"malformed URL {shown}: port 0")
     return url
 
 
