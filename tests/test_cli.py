@@ -106,6 +106,24 @@ def test_probe_measures_the_configured_wait(client: str) -> None:
     assert 0.3 - 0.005 <= summary["wait"]["p50"] <= 0.3 + SLACK
 
 
+@pytest.mark.parametrize("client", ["aiohttp", "httpx2", "requests"])
+def test_probe_reuses_connections(client: str) -> None:
+    """Sequential requests (-c 1) share one connection; -c 3 opens at most three; --fresh opens
+    one per request. (requests on worker threads: each thread's own Session would connect.)"""
+    with mock_server("--ttfb", "0.02", "--tokens", "1", "--tokens-per-second", "1000") as mock:
+        sequential = probe_json(mock.url, "-n", "30", "--client", client)["requests"]
+        concurrent = probe_json(mock.url, "-n", "30", "-c", "3", "--client", client)["requests"]
+        fresh = probe_json(mock.url, "-n", "4", "--fresh", "--client", client)["requests"]
+    assert isinstance(sequential, list) and isinstance(concurrent, list)
+    assert isinstance(fresh, list)
+    assert [r["status"] for r in sequential + concurrent + fresh] == [200] * 64
+    connected = ["connect" in r["phases"] for r in sequential]
+    assert connected == [True] + [False] * 29, connected
+    assert [r["reused"] for r in sequential] == [False] + [True] * 29
+    assert 1 <= sum("connect" in r["phases"] for r in concurrent) <= 3
+    assert all("connect" in r["phases"] and r["reused"] is False for r in fresh)
+
+
 def test_probe_https_with_the_mock_ca() -> None:
     with mock_server("--tls", "--ttfb", "0.2", "--tokens", "1") as mock:
         assert mock.ca_file is not None
