@@ -3,6 +3,7 @@ HTTPS, the JSON shape, the HTML page in headless Chromium, the demo, and every b
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -103,6 +104,24 @@ def test_probe_measures_the_configured_wait(client: str) -> None:
     assert isinstance(summary, dict)
     assert set(summary["wait"]) == {"p50", "p95", "max"}
     assert 0.3 - 0.005 <= summary["wait"]["p50"] <= 0.3 + SLACK
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx2", "requests"])
+def test_probe_reuses_connections(client: str) -> None:
+    """Sequential requests (-c 1) share one connection; -c 3 opens at most three; --fresh opens
+    one per request. (requests on worker threads: each thread's own Session would connect.)"""
+    with mock_server("--ttfb", "0.02", "--tokens", "1", "--tokens-per-second", "1000") as mock:
+        sequential = probe_json(mock.url, "-n", "30", "--client", client)["requests"]
+        concurrent = probe_json(mock.url, "-n", "30", "-c", "3", "--client", client)["requests"]
+        fresh = probe_json(mock.url, "-n", "4", "--fresh", "--client", client)["requests"]
+    assert isinstance(sequential, list) and isinstance(concurrent, list)
+    assert isinstance(fresh, list)
+    assert [r["status"] for r in sequential + concurrent + fresh] == [200] * 64
+    connected = ["connect" in r["phases"] for r in sequential]
+    assert connected == [True] + [False] * 29, connected
+    assert [r["reused"] for r in sequential] == [False] + [True] * 29
+    assert 1 <= sum("connect" in r["phases"] for r in concurrent) <= 3
+    assert all("connect" in r["phases"] and r["reused"] is False for r in fresh)
 
 
 def test_probe_https_with_the_mock_ca() -> None:
@@ -299,3 +318,94 @@ def test_probe_exports_otlp_when_the_endpoint_is_set() -> None:
     assert b"http.wait" in received["/v1/traces"]
     assert b"llm-latency-probe" in received["/v1/traces"]  # the service name
     assert b"llm_latency.phase.duration" in received["/v1/metrics"]
+
+
+# -- secrets: no output shows a URL's credentials or secret query values ------------------------
+
+USER, PASSWORD, API_KEY, KEY = "probe-user-2c9d", "pw-7f3a9e1b", "ak-41d0c8e2", "gk-95be7a10"
+SECRETS = (USER, PASSWORD, API_KEY, KEY)
+WIDE = {"COLUMNS": "1000"}  # rich wraps at 80 columns: a secret cut in two would hide from `in`
+
+
+def with_secrets(url: str, extra: str = "") -> str:
+    """``url`` with user:password and two secret query parameters (and ``extra`` ones)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{USER}:{PASSWORD}@{rest}?api_key={API_KEY}&key={KEY}{extra}"
+
+
+def assert_no_secret(*outputs: str) -> None:
+    for output in outputs:
+        for secret in SECRETS:
+            assert secret not in output, f"{secret} shown in:\n{output}"
+
+
+def test_probe_text_html_and_several_urls_show_no_secret(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    with mock_server("--ttfb", "0.01", "--tokens", "1") as mock:
+        first, second = with_secrets(mock.url), with_secrets(mock.url, "&model=b")
+        result = run_cli("probe", first, second, "-n", "2", "--html", str(page), env=WIDE)
+    assert result.returncode == 0, result.stderr
+    text = page.read_text()
+    assert_no_secret(result.stdout, result.stderr, text)
+    redacted = mock.url.replace("://", "://REDACTED:REDACTED@") + "?api_key=REDACTED&key=REDACTED"
+    assert result.stdout.count(redacted) == 2 + 2  # two headings, two rows of the comparison
+    assert text.count(html.escape(redacted)) == 2  # two <h2>
+    assert "endpoints compared" in result.stdout
+
+
+def test_probe_json_shows_no_secret() -> None:
+    with mock_server("--ttfb", "0.01", "--tokens", "1") as mock:
+        first, second = with_secrets(mock.url), with_secrets(mock.url, "&model=b")
+        for client in ("aiohttp", "requests"):
+            result = run_cli("probe", "--json", "--client", client, first, second, env=WIDE)
+            assert result.returncode == 0, result.stderr
+            assert_no_secret(result.stdout, result.stderr)
+            report = json.loads(result.stdout)
+            assert len(report["endpoints"]) == 2
+            assert all("REDACTED" in url for url in report["endpoints"])
+            assert all("REDACTED" in r["url"] for r in report["requests"])
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx2", "requests"])
+def test_probe_errors_show_no_secret(client: str) -> None:
+    refused = with_secrets(f"http://127.0.0.1:{unused_port()}/v1/chat/completions")
+    result = run_cli("probe", "--client", client, refused, env=WIDE)
+    assert "connection refused" in one_error_line(result)
+    assert_no_secret(result.stdout, result.stderr)
+    with mock_server("--tokens", "1") as mock:  # HTTPS to a plain HTTP server: a TLS failure
+        result = run_cli("probe", "--client", client, with_secrets(mock.url.replace("http:", "https:")),
+                         env=WIDE)  # fmt: skip
+    assert "TLS failure" in one_error_line(result)
+    assert_no_secret(result.stdout, result.stderr)
+
+
+def test_malformed_url_shows_no_secret() -> None:
+    for url in (with_secrets("http://127.0.0.1:99999/"), with_secrets("http://[::1/")):
+        result = run_cli("probe", url)
+        assert "malformed URL" in one_error_line(result)
+        assert_no_secret(result.stderr)
+
+
+def test_exporter_log_lines_show_no_secret() -> None:
+    """The OTLP exporter logs its failures (a refused collector: "Transient error ... retrying")
+    with the endpoint's query; the CLI's log lines are redacted too."""
+    endpoint = with_secrets(f"http://127.0.0.1:{unused_port()}/")
+    with mock_server("--ttfb", "0", "--tokens", "1") as mock:
+        result = run_cli("probe", mock.url, env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                                                 "OTEL_EXPORTER_OTLP_TIMEOUT": "2", **WIDE})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Transient error" in result.stderr  # the exporter did log, and retried once
+    assert_no_secret(result.stdout, result.stderr)
+
+
+def test_urls_that_differ_only_in_a_secret_stay_apart() -> None:
+    from llm_latency.cli.redaction import scrub, shown
+
+    a, b = "http://h:1/v1/x?api_key=one-secret", "http://h:1/v1/x?api_key=two-secret"
+    assert shown([a, b, a]) == {
+        a: "http://h:1/v1/x?api_key=REDACTED",
+        b: "http://h:1/v1/x?api_key=REDACTED [2]",
+    }
+    line = scrub(f"failed: {a} (url: /v1/x?api_key=one-secret), password='one-secret'", [a])
+    assert "one-secret" not in line
+    assert line.count("api_key=REDACTED") == 2

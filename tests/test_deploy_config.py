@@ -44,7 +44,7 @@ from tests.deploy_workload import (
     tool,
 )
 
-REFERENCE = ROOT.parent / "shared" / "reference"
+REFERENCE = ROOT / "tests" / "data"  # upstream files, copied (tests/data/README.md)
 MANIFEST = REFERENCE / "otelcol-contrib-0.159.0.manifest.yaml"
 COLLECTOR_CHART_SCHEMA = REFERENCE / "opentelemetry-collector-chart-0.170.0.values.schema.json"
 JAEGER_CHART_VALUES = REFERENCE / "jaeger-chart-4.11.1.values.yaml"
@@ -61,7 +61,7 @@ def run(*args: str, cwd: Path = ROOT) -> str:
 
 def reference(path: Path) -> Path:
     if not path.exists():
-        pytest.fail(f"reference data missing: {path} (shared/reference, beside the repository)")
+        pytest.fail(f"reference data missing: {path} (see tests/data/README.md)")
     return path
 
 

@@ -24,6 +24,7 @@ from llm_latency.cli.probe import (
     parse_url,
     probe_url,
 )
+from llm_latency.cli.redaction import scrub, scrubbed_logging, shown
 from llm_latency.cli.render import comparison_table, html_page, summary_table, waterfall
 from llm_latency.cli.results import RequestResult, summarize
 from llm_latency.cli.telemetry import instrumented
@@ -121,12 +122,13 @@ def probe(
         url: build_request(url, method, headers, data, stream, model) for url in urls
     }
     options = ProbeOptions(count, concurrency, fresh, timeout, cacert, dns)
+    names = shown(urls)  # what the report calls each URL: redacted
     runs: dict[str, list[RequestResult]] = {}
     failures: list[str] = []
-    with instrumented("llm-latency-probe", [client]) as collector:
+    with scrubbed_logging(urls), instrumented("llm-latency-probe", [client]) as collector:
         for url, request in requests_to_send.items():
             results, errors = asyncio.run(probe_url(url, request, client, options, collector))
-            runs[url] = results
+            runs[names[url]] = results
             failures += error_lines(url, errors, timeout)
     console = Console(stderr=as_json)
     if as_json:
@@ -234,20 +236,22 @@ async def _serve(profile: Profile, host: str, port: int, tls: bool) -> None:
 
 
 def run(argv: list[str]) -> int:
-    """Run ``argv``; return the exit code. Errors are one line on stderr."""
+    """Run ``argv``; return the exit code. Errors are one line on stderr, with no URL's
+    credentials or secret query values in it."""
     try:
         cli.main(args=argv, prog_name="llm-latency", standalone_mode=False)
     except CLIError as exc:
         message = str(exc)
         sys.stderr.write(
-            (message if getattr(exc, "raw", False) else f"llm-latency: error: {message}") + "\n"
+            scrub(message if getattr(exc, "raw", False) else f"llm-latency: error: {message}")
+            + "\n"
         )
         return 1
     except click.UsageError as exc:
-        sys.stderr.write(f"llm-latency: error: {exc.format_message()}\n")
+        sys.stderr.write(scrub(f"llm-latency: error: {exc.format_message()}") + "\n")
         return 2
     except click.ClickException as exc:
-        sys.stderr.write(f"llm-latency: error: {exc.format_message()}\n")
+        sys.stderr.write(scrub(f"llm-latency: error: {exc.format_message()}") + "\n")
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
@@ -257,6 +261,6 @@ def run(argv: list[str]) -> int:
     except Exception as exc:
         if os.environ.get("LLM_LATENCY_DEBUG"):
             raise
-        sys.stderr.write(f"llm-latency: error: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(scrub(f"llm-latency: error: {type(exc).__name__}: {exc}") + "\n")
         return 1
     return 0

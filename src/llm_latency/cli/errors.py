@@ -6,6 +6,8 @@ import socket
 import ssl
 from urllib.parse import urlsplit
 
+from llm_latency.cli.redaction import scrub
+
 
 class CLIError(Exception):
     """A problem to report to the user as one line, then exit non-zero. With ``raw=True``
@@ -26,7 +28,12 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 
 def describe(error: BaseException, url: str, timeout: float) -> str:
-    """A one-line explanation of why a request to ``url`` failed."""
+    """A one-line explanation of why a request to ``url`` failed, with none of the URL's
+    secrets (a client's message may echo its path and query)."""
+    return scrub(_describe(error, url, timeout), [url])
+
+
+def _describe(error: BaseException, url: str, timeout: float) -> str:
     parts = urlsplit(url)
     host = parts.hostname or url
     where = f"{host}:{parts.port}" if parts.port else host

@@ -7,17 +7,20 @@ request's phases from the spans it collected.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from llm_latency.cli.errors import CLIError, describe
+from llm_latency.cli.redaction import scrub
 from llm_latency.cli.results import RequestResult, SpanCollector, summarize, to_results
 
 CLIENT_NAMES = ("aiohttp", "httpx2", "requests")
@@ -47,18 +50,20 @@ class ProbeRequest:
 
 
 def parse_url(url: str) -> str:
-    """The URL if it is an absolute http(s) URL with a host, else a CLIError."""
+    """The URL if it is an absolute http(s) URL with a host, else a CLIError (which shows the
+    URL without its secrets)."""
+    shown = repr(scrub(url, [url]))
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise CLIError(f"malformed URL {url!r}: {exc}") from None
+        raise CLIError(f"malformed URL {shown}: {exc}") from None
     if parts.scheme not in ("http", "https"):
-        raise CLIError(f"malformed URL {url!r}: it must start with http:// or https://")
+        raise CLIError(f"malformed URL {shown}: it must start with http:// or https://")
     if not parts.hostname:
-        raise CLIError(f"malformed URL {url!r}: no host")
+        raise CLIError(f"malformed URL {shown}: no host")
     if port == 0:
-        raise CLIError(f"malformed URL {url!r}: port 0")
+        raise CLIError(f"malformed URL {shown}: port 0")
     return url
 
 
@@ -228,6 +233,11 @@ async def _probe_httpx2(
 async def _probe_requests(
     url: str, request: ProbeRequest, options: ProbeOptions
 ) -> list[BaseException]:
+    """requests is synchronous: each request runs on a worker thread of a pool of
+    ``concurrency`` threads, each thread with its own Session (a Session is not shared across
+    threads). So sequential requests (``-c 1``) all run on one thread and reuse one
+    connection, and ``-c N`` opens at most N. (``asyncio.to_thread`` would hand consecutive
+    requests to different threads of the loop's default pool, each connecting anew.)"""
     import requests
 
     n, concurrency, fresh = options.n, options.concurrency, options.fresh
@@ -235,12 +245,16 @@ async def _probe_requests(
 
     verify: Any = ca_file if ca_file else True
     local = threading.local()
+    sessions: list[Any] = []
+    sessions_lock = threading.Lock()
 
     def session() -> Any:
         if fresh:
             return requests.Session()
         if not hasattr(local, "session"):
             local.session = requests.Session()
+            with sessions_lock:
+                sessions.append(local.session)
         return local.session
 
     def one_sync() -> None:
@@ -261,7 +275,19 @@ async def _probe_requests(
             if fresh:
                 active.close()
 
-    return await _run_many(n, concurrency, lambda: asyncio.to_thread(one_sync))
+    loop = asyncio.get_running_loop()
+    workers = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="llm-latency-probe")
+
+    def one() -> Awaitable[None]:
+        context = contextvars.copy_context()  # as asyncio.to_thread does
+        return loop.run_in_executor(workers, context.run, one_sync)
+
+    try:
+        return await _run_many(n, concurrency, one)
+    finally:
+        workers.shutdown(wait=True)
+        for each in sessions:
+            each.close()
 
 
 async def probe_url(

@@ -7,6 +7,7 @@ import html
 from collections.abc import Mapping, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -40,7 +41,7 @@ def waterfall(
     """One block per request: a bar per phase on a common time scale, then the facts (and the
     rate-limit headers, unless ``rate_limits`` is False)."""
     if title:
-        console.print(f"\n[bold]{title}[/bold]")
+        console.print(f"\n[bold]{escape(title)}[/bold]")
     if not results:
         return
     span = max(r.start + r.total for r in results) or 1e-9
