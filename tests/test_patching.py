@@ -131,6 +131,33 @@ async def test_a_fault_in_plugin_code_never_reaches_the_program(
     telemetry.assert_all_ended_once()  # an attempt that started still ended
 
 
+@pytest.mark.parametrize("fault", ["open_call", "start_backoff", "close_call"])
+def test_a_fault_in_the_retry_helpers_tracing_never_reaches_the_program(
+    telemetry: Telemetry,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fault: str,
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("plugin bug")
+
+    monkeypatch.setattr(Emitter, fault, broken)
+    calls: list[int] = []
+
+    @llm_latency.retry(attempts=3, base_delay=0.0)
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("transient")
+        return 42
+
+    with caplog.at_level(logging.ERROR, logger="llm_latency"):
+        assert flaky() == 42
+    assert len(calls) == 3
+    assert len([r for r in caplog.records if r.exc_text and "plugin bug" in r.exc_text]) == 1
+    telemetry.assert_all_ended_once()
+
+
 # -- degrading when a client library changed ------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ logical parent span (named after the function), under which its HTTP attempts an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import random
@@ -17,9 +18,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextvars import Token
 from typing import Any, TypeVar, cast
 
 from opentelemetry import context, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 
 from llm_latency import headers as hdr
@@ -158,19 +161,34 @@ def _emitter() -> Any:
 
 class _Run:
     """One decorated call in the trace: its logical span, the attempt number its HTTP attempts
-    carry, and a ``retry.backoff`` span around each wait."""
+    carry, and a ``retry.backoff`` span around each wait. The tracing is plugin code: a fault
+    in it is logged once and the retries go on untraced, as without llm-latency."""
 
     def __init__(self, name: str, plan: _Plan) -> None:
         self._plan = plan
         self._emitter = _emitter()
-        self.call = (
-            self._emitter.open_call(name, {}) if self._emitter is not None else LogicalCall()
-        )
-        self.call.own_backoffs = True
-        self._token = current_call.set(self.call)
-        span = self.call.span
-        self._attached = context.attach(trace.set_span_in_context(span)) if span else None
+        self.call = LogicalCall(own_backoffs=True)
+        self._attached: Token[Context] | None = None
         self._backoff: Span | None = None
+        if self._emitter is not None:
+            try:
+                self.call = self._emitter.open_call(name, {})
+                self.call.own_backoffs = True
+                span = self.call.span
+                if span is not None:
+                    self._attached = context.attach(trace.set_span_in_context(span))
+            except Exception:
+                self._fault("opening the call")
+        self._token = current_call.set(self.call)
+
+    def _fault(self, what: str) -> None:
+        emitter, self._emitter = self._emitter, None  # untraced from here on
+        if emitter is not None:
+            emitter.failed_once(f"llm_latency.retry {what}")
+        span = self.call.span
+        with contextlib.suppress(Exception):  # the call's span still ends, once
+            if span is not None and span.is_recording():
+                span.end()
 
     def attempt(self, number: int) -> None:
         """Attempt ``number`` (from 0) starts."""
@@ -183,9 +201,12 @@ class _Run:
         if wait is None:
             return None
         if self._emitter is not None:
-            self._backoff = self._emitter.start_backoff(
-                reason_of(error), wait[1], self.call.last_host
-            )
+            try:
+                self._backoff = self._emitter.start_backoff(
+                    reason_of(error), wait[1], self.call.last_host
+                )
+            except Exception:
+                self._fault("starting a backoff")
         return wait[0]
 
     def waited(self, interrupted: BaseException | None = None) -> None:
@@ -193,18 +214,24 @@ class _Run:
         span, self._backoff = self._backoff, None
         if span is None:
             return
-        if interrupted is not None:
-            span.set_status(Status(StatusCode.ERROR, type(interrupted).__qualname__))
-            span.record_exception(interrupted)
-        span.end()
+        try:
+            if interrupted is not None:
+                span.set_status(Status(StatusCode.ERROR, type(interrupted).__qualname__))
+                span.record_exception(interrupted)
+            span.end()
+        except Exception:
+            self._fault("ending a backoff")
 
     def finish(self, error: BaseException | None = None) -> None:
         """The decorated call returned or raised."""
-        if self._attached is not None:
-            context.detach(self._attached)
         current_call.reset(self._token)
-        if self._emitter is not None:
-            self._emitter.close_call(self.call, error)
+        try:
+            if self._attached is not None:
+                context.detach(self._attached)
+            if self._emitter is not None:
+                self._emitter.close_call(self.call, error)
+        except Exception:
+            self._fault("closing the call")
 
 
 def retry(
