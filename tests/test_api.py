@@ -73,7 +73,6 @@ PATCHED: list[tuple[Any, str]] = [
     (urllib3_response.HTTPResponse, "_raw_read"),
     (urllib3_response.HTTPResponse, "_handle_chunk"),
     (urllib3_response.HTTPResponse, "_error_catcher"),
-    (urllib3_response.HTTPResponse, "_update_chunk_length"),
     (urllib3_response.HTTPResponse, "release_conn"),
     (urllib3_response.HTTPResponse, "close"),
     (urllib3_response.HTTPResponse, "drain_conn"),

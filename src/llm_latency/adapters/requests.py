@@ -21,7 +21,11 @@ How each phase is observed (hooks on urllib3's classes; each group degrades on i
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import sys
 from contextvars import ContextVar
+from types import CodeType, FrameType
 from typing import Any, Final
 
 import urllib3
@@ -37,7 +41,6 @@ from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timel
 _ATTEMPT: Final = "_llm_latency_attempt"
 _CATCHING: Final = "_llm_latency_catching"
 _RELEASED: Final = "_llm_latency_released"
-_FRAMING: Final = "_llm_latency_framing"
 
 _POOL: Final = "urllib3.connectionpool:HTTPConnectionPool"
 _CONNECTION: Final = "urllib3.connection:HTTPConnection"
@@ -96,6 +99,7 @@ class RequestsAdapter:
         self._emitter = emitter
         self._patches = PatchSet("requests", emitter.failed_once)
         self._resolver_acquired = False
+        self._framing_code: CodeType | None = None
         self.lost: list[str] = self._patches.lost
 
     def install(self) -> None:
@@ -117,10 +121,12 @@ class RequestsAdapter:
             ],
         ):
             raise Unavailable(p.lost)
-        p.group(
-            "failures in a chunked body's framing",
-            [(_RESPONSE, "_update_chunk_length", Hook(_framing, _framed, _framing_failed))],
-        )
+        self._framing_code = _code_of(_RESPONSE, "_update_chunk_length")
+        if self._framing_code is None:
+            self.lost.append(
+                "the error of a broken chunked body "
+                "(urllib3.response.HTTPResponse._update_chunk_length not found)"
+            )
         p.group("the queue phase", [(_POOL, "_get_conn", Hook(_queue_begins, _queue_ends))])
         p.group(
             "the connect phase",
@@ -243,7 +249,7 @@ class RequestsAdapter:
         state = resp.__dict__
         attempt: Timeline | None = state.get(_ATTEMPT)
         if attempt is not None and not attempt.ended:
-            if state.get(_FRAMING):
+            if _called_from(self._framing_code):
                 state[_RELEASED] = True
             else:
                 self._emitter.finish(attempt)
@@ -348,20 +354,30 @@ def _response_attempt(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return SKIP if attempt is None or attempt.ended else (attempt, resp)
 
 
-def _framing(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    state = resp.__dict__
-    if _ATTEMPT not in state:
-        return SKIP
-    state[_FRAMING] = True
-    return state
+def _code_of(owner: str, name: str) -> CodeType | None:
+    """The code object of a function, to recognise it on the stack; None if it is missing."""
+    module_name, _, class_name = owner.partition(":")
+    try:
+        function = inspect.getattr_static(
+            getattr(importlib.import_module(module_name), class_name), name
+        )
+    except (ImportError, AttributeError):
+        return None
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    return code if isinstance(code, CodeType) else None
 
 
-def _framed(state: dict[str, Any], result: None) -> None:
-    state[_FRAMING] = False
-
-
-def _framing_failed(state: dict[str, Any], exc: BaseException) -> None:
-    state[_FRAMING] = False
+def _called_from(code: CodeType | None, depth: int = 8) -> bool:
+    """Whether ``code`` runs in one of the few frames below this call (checked only when a
+    response is closed, so reads pay nothing for it)."""
+    if code is None:
+        return False
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and depth:
+        if frame.f_code is code:
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
 
 
 def _chunk(state: tuple[Timeline, Any], data: bytes) -> bytes:
