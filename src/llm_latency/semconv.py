@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
-    GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
-)
-from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
-    GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
-)
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai_attributes
+from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as _gen_ai_metrics
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.http_attributes import (
     HTTP_REQUEST_METHOD,
@@ -42,6 +38,20 @@ __all__ = [
     "SERVER_PORT",
     "URL_FULL",
 ]
+
+# The GenAI time-to-first-chunk constants came with opentelemetry-semantic-conventions 0.64b0 (and
+# are already marked deprecated there, moved to the GenAI conventions): the older releases still
+# supported (pyproject.toml) lack them, so the same names as literals when the package has none.
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final[str] = getattr(
+    _gen_ai_attributes,
+    "GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK",
+    "gen_ai.response.time_to_first_chunk",
+)
+GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK: Final[str] = getattr(
+    _gen_ai_metrics,
+    "GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK",
+    "gen_ai.client.operation.time_to_first_chunk",
+)
 
 URL_TEMPLATE: Final = "url.template"
 
