@@ -1,27 +1,39 @@
 # make test: a virtual environment with the package and its test extras, then the whole suite
 # (lint, types, tests). make demo: llm-latency demo, scenes against a built-in loopback server.
+# CONSTRAINTS=FILE installs under pip's -c FILE, e.g. the oldest supported set CI also tests:
+#   make test VENV=.venv-oldest CONSTRAINTS=constraints/oldest.txt
+# mypy checks the code against the annotations of the newest dependencies only (older releases
+# annotate some APIs differently without behaving differently): under CONSTRAINTS, TYPECHECK
+# defaults to no, and the tests are what check the oldest set.
 PYTHON ?= python3
 VENV ?= .venv
+CONSTRAINTS ?=
+TYPECHECK ?= $(if $(CONSTRAINTS),no,yes)
 PY := $(VENV)/bin/python
+PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
 .PHONY: test demo bench lint clean
 
-$(VENV)/.test-installed: pyproject.toml
+$(VENV)/.test-installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[test]'
+	$(PY) -m pip check
 	touch $@
 
-$(VENV)/.demo-installed: pyproject.toml
+$(VENV)/.demo-installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cli]'
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[cli]'
+	$(PY) -m pip check
 	touch $@
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
+ifeq ($(TYPECHECK),yes)
 	$(VENV)/bin/mypy
+endif
 
 test: lint
 	$(PY) -m pytest
@@ -33,4 +45,4 @@ bench: $(VENV)/.test-installed
 	$(PY) bench/overhead.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-oldest .mypy_cache .ruff_cache .pytest_cache
