@@ -35,8 +35,11 @@ ifeq ($(TYPECHECK),yes)
 	$(VENV)/bin/mypy
 endif
 
+# The suite waits on real servers and subprocesses more than it computes: three workers.
+PYTEST_WORKERS ?= 3
+
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/llm-latency demo

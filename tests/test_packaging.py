@@ -15,6 +15,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+# One worker builds the wheel (two builds at once would share the source tree's build/).
+pytestmark = pytest.mark.xdist_group("wheel")
+
 ROOT = Path(__file__).resolve().parent.parent
 OLDEST = ROOT / "constraints" / "oldest.txt"
 CORE = {

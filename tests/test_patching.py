@@ -17,11 +17,13 @@ import httpx
 import httpx2
 import pytest
 import requests
+import tomllib
 from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
 from opentelemetry.instrumentation.urllib3 import URLLib3Instrumentor
 from opentelemetry.trace import SpanKind
+from packaging.requirements import Requirement
 
 import llm_latency
 from llm_latency import instrumentor as instrumentor_module
@@ -233,10 +235,21 @@ async def test_a_client_outside_its_supported_range_is_skipped(
 
 
 def test_instrumentation_dependencies_are_the_supported_ranges() -> None:
-    dependencies = list(LLMLatencyInstrumentor().instrumentation_dependencies())
-    names = [requirement.split()[0] for requirement in dependencies]
+    dependencies = [Requirement(r) for r in LLMLatencyInstrumentor().instrumentation_dependencies()]
+    names = [requirement.name for requirement in dependencies]
     assert names == ["aiohttp", "httpcore", "httpcore2", "urllib3", "openai", "anthropic"]
-    assert all(">=" in r and "<" in r for r in dependencies)
+    # The same ranges as the package's extras (the versions CI tests, oldest and newest).
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    declared = {
+        requirement.name: requirement.specifier
+        for group in extras.values()
+        for requirement in map(Requirement, group)
+        if not requirement.name.startswith("llm-latency")
+    }
+    for requirement in dependencies:
+        assert requirement.specifier == declared[requirement.name], requirement.name
     # Every client is within its range here, so nothing conflicts.
     assert LLMLatencyInstrumentor()._check_dependency_conflicts() is None
 

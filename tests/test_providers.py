@@ -120,6 +120,13 @@ async def test_an_unreachable_collector_costs_one_line_and_about_a_second(
     assert run.exit_delay < 3.0, run.exit_delay
 
 
+async def test_an_exporter_not_installed_costs_one_line(server: LLMServer) -> None:
+    run = await app(server.url(), OTEL_TRACES_EXPORTER="not_installed")
+    (warning,) = run.warnings()
+    assert warning.startswith("llm-latency: could not set up the OpenTelemetry SDK from OTEL_*")
+    assert "not_installed" in warning
+
+
 async def test_no_sdk_installed_costs_one_line(server: LLMServer) -> None:
     run = await app(server.url(), "--no-sdk")
     (warning,) = run.warnings()

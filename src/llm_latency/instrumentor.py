@@ -63,24 +63,24 @@ class Target:
 #: Client name -> what it hooks. The ranges are the versions CI tests (oldest and newest).
 CLIENTS: dict[str, Target] = {
     "aiohttp": Target(
-        "aiohttp", "aiohttp >= 3.10, < 4", "llm_latency.adapters.aiohttp:AiohttpAdapter"
+        "aiohttp", "aiohttp >= 3.12.11, < 4", "llm_latency.adapters.aiohttp:AiohttpAdapter"
     ),
     "httpx": Target(
-        "httpcore", "httpcore >= 1.0, < 2", "llm_latency.adapters.httpcore:HttpxAdapter"
+        "httpcore", "httpcore >= 1.0.9, < 2", "llm_latency.adapters.httpcore:HttpxAdapter"
     ),
     "httpx2": Target(
-        "httpcore2", "httpcore2 >= 2.16, < 3", "llm_latency.adapters.httpcore:Httpx2Adapter"
+        "httpcore2", "httpcore2 >= 2.7, < 3", "llm_latency.adapters.httpcore:Httpx2Adapter"
     ),
     "requests": Target(
-        "urllib3", "urllib3 >= 2.2, < 3", "llm_latency.adapters.requests:RequestsAdapter"
+        "urllib3", "urllib3 >= 2.0.2, < 3", "llm_latency.adapters.requests:RequestsAdapter"
     ),
 }
 
 #: SDKs whose calls get one logical parent span around their retries (always, when installed).
 SDKS: dict[str, Target] = {
-    "openai": Target("openai", "openai >= 3.50, < 4", "llm_latency.adapters.sdks:OpenAIAdapter"),
+    "openai": Target("openai", "openai >= 3.0, < 4", "llm_latency.adapters.sdks:OpenAIAdapter"),
     "anthropic": Target(
-        "anthropic", "anthropic >= 2.10, < 3", "llm_latency.adapters.sdks:AnthropicAdapter"
+        "anthropic", "anthropic >= 2.0, < 3", "llm_latency.adapters.sdks:AnthropicAdapter"
     ),
 }
 
