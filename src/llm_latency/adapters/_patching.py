@@ -86,6 +86,33 @@ class Hook:
         self.abandon = abandon
 
 
+def phase_hook(
+    phase: int,
+    attempt_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
+    *,
+    resume: bool = False,
+) -> Hook:
+    """A hook that times ``phase`` of the attempt ``attempt_of(instance, args, kwargs)`` finds
+    around the call (None: not this call). ``resume`` keeps the phase's first start, for a
+    phase the attempt may enter more than once."""
+
+    def before(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        attempt = attempt_of(instance, args, kwargs)
+        if attempt is None:
+            return SKIP
+        if resume:
+            attempt.resume(phase)
+        else:
+            attempt.begin(phase)
+        return attempt
+
+    def after(attempt: Any, result: Any) -> Any:
+        attempt.finish(phase)
+        return result
+
+    return Hook(before, after)
+
+
 class _Switch:
     """Shared by the wrappers of one patch set: off once the set is restored."""
 

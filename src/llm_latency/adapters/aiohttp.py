@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from aiohttp.client_exceptions import ClientConnectionError
 
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
+from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import is_ip_literal
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
@@ -149,9 +149,9 @@ class AiohttpAdapter:
             raise Unavailable(p.lost)
         p.group(
             "the queue phase",
-            [(_BASE_CONNECTOR, "_wait_for_available_connection", Hook(_queue_begins, _queue_ends))],
+            [(_BASE_CONNECTOR, "_wait_for_available_connection", phase_hook(QUEUE, _attempt_of))],
         )
-        p.group("the dns phase", [(_TCP_CONNECTOR, "_resolve_host", Hook(_dns_begins, _dns_ends))])
+        p.group("the dns phase", [(_TCP_CONNECTOR, "_resolve_host", phase_hook(DNS, _resolving))])
         p.group(
             "the connect and tls phases",
             [
@@ -159,7 +159,7 @@ class AiohttpAdapter:
                 ("aiohappyeyeballs", "start_connection", Hook(_tcp_connecting, _tcp_connected)),
             ],
         )
-        p.group("connection reuse", [(_BASE_CONNECTOR, "_get", Hook(_attempt, _pooled))])
+        p.group("connection reuse", [(_BASE_CONNECTOR, "_get", Hook(_found, _pooled))])
         p.group("the send and wait phases", [(_REQUEST, "send", Hook(_send_begins, self._sent))])
         p.group("body chunk times", [(_READER, "feed_data", Hook(_chunk))])
 
@@ -301,7 +301,7 @@ def _attempt_fails(attempt: Timeline, exc: BaseException) -> None:
     attempt.fail(exc)
 
 
-def _attempt(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _found(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     attempt = _current()
     return SKIP if attempt is None else attempt
 
@@ -311,32 +311,15 @@ def _pooled(attempt: Timeline, connection: Any) -> Any:
     return connection
 
 
-def _queue_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _attempt_of(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _current()
+
+
+def _resolving(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The attempt whose host ``_resolve_host`` looks up, unless it answers without a lookup."""
     attempt = _current()
-    if attempt is None:
-        return SKIP
-    attempt.begin(QUEUE)
-    return attempt
-
-
-def _queue_ends(attempt: Timeline, result: Any) -> Any:
-    attempt.finish(QUEUE)
-    return result
-
-
-def _dns_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    attempt = _current()
-    if attempt is None:
-        return SKIP
-    if _is_dns_cached(conn, _arg(args, kwargs, 0, "host"), _arg(args, kwargs, 1, "port")):
-        return SKIP
-    attempt.begin(DNS)
-    return attempt
-
-
-def _dns_ends(attempt: Timeline, result: Any) -> Any:
-    attempt.finish(DNS)
-    return result
+    host, port = _arg(args, kwargs, 0, "host"), _arg(args, kwargs, 1, "port")
+    return None if attempt is None or _is_dns_cached(conn, host, port) else attempt
 
 
 def _connecting(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

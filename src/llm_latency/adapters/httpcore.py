@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
+from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
@@ -293,7 +293,7 @@ class HttpcoreAdapter:
             ],
         ):
             raise Unavailable(p.lost)
-        queue = Hook(_queue_begins, _queue_ends)
+        queue = phase_hook(QUEUE, _queued_attempt, resume=True)
         p.group(
             "the queue phase",
             [
@@ -374,21 +374,11 @@ class HttpcoreAdapter:
         self._emitter.finish(state[0])
 
 
-def _queue_begins(pool_request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    attempt = _queued_attempt(pool_request)
-    if attempt is None:
-        return SKIP
-    attempt.resume(QUEUE)  # a request may wait more than once; the phase spans all
-    return attempt
-
-
-def _queue_ends(attempt: Timeline, connection: Any) -> Any:
-    attempt.finish(QUEUE)
-    return connection
-
-
-def _queued_attempt(pool_request: Any) -> Timeline | None:
-    """The attempt of a request that has no connection yet (it will wait for one)."""
+def _queued_attempt(
+    pool_request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Timeline | None:
+    """The attempt of a request that has no connection yet (it will wait for one; a request
+    may wait more than once, and the phase spans all)."""
     if pool_request.connection is not None:
         return None
     trace = pool_request.request.extensions.get("trace")

@@ -30,7 +30,14 @@ from typing import Any, Final
 
 import urllib3
 
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Rewrite, Unavailable
+from llm_latency.adapters._patching import (
+    SKIP,
+    Hook,
+    PatchSet,
+    Rewrite,
+    Unavailable,
+    phase_hook,
+)
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
@@ -127,7 +134,7 @@ class RequestsAdapter:
                 "the error of a broken chunked body "
                 "(urllib3.response.HTTPResponse._update_chunk_length not found)"
             )
-        p.group("the queue phase", [(_POOL, "_get_conn", Hook(_queue_begins, _queue_ends))])
+        p.group("the queue phase", [(_POOL, "_get_conn", phase_hook(QUEUE, _queued, resume=True))])
         p.group(
             "the connect phase",
             [(_CONNECTION, "_new_conn", Hook(_connect_begins, _connect_ends, _connect_fails))],
@@ -138,7 +145,7 @@ class RequestsAdapter:
                 (
                     "urllib3.connection",
                     "_ssl_wrap_socket_and_match_hostname",
-                    Hook(_tls_begins, _tls_ends),
+                    phase_hook(TLS, _handshaking),
                 )
             ],
         )
@@ -388,17 +395,12 @@ def _chunk(state: tuple[Timeline, Any], data: bytes) -> bytes:
     return data
 
 
-def _queue_begins(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _queued(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Timeline | None:
+    """The attempt about to wait for a connection: the pool blocks and has none free."""
     attempt = _current.get()
     if attempt is None or not pool.block or pool.pool is None or not pool.pool.empty():
-        return SKIP
-    attempt.resume(QUEUE)
+        return None
     return attempt
-
-
-def _queue_ends(attempt: Timeline, conn: Any) -> Any:
-    attempt.finish(QUEUE)
-    return conn
 
 
 def _connect_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -430,17 +432,8 @@ def _connect_fails(state: tuple[Timeline, Any, bool], exc: BaseException) -> Non
     connecting.reset(state[1])
 
 
-def _tls_begins(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    attempt = _live_attempt()
-    if attempt is None:
-        return SKIP
-    attempt.begin(TLS)
-    return attempt
-
-
-def _tls_ends(attempt: Timeline, result: Any) -> Any:
-    attempt.finish(TLS)
-    return result
+def _handshaking(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _live_attempt()
 
 
 def _send_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
