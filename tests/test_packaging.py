@@ -25,6 +25,7 @@ CORE = {
     "opentelemetry-instrumentation",
     "opentelemetry-semantic-conventions",
     "opentelemetry-util-http",
+    "wrapt",
 }
 
 

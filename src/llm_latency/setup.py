@@ -120,7 +120,9 @@ def configure_if_unset() -> None:
         except Exception as exc:
             _logger.warning(
                 "llm-latency: could not set up the OpenTelemetry SDK from OTEL_* (%s: %s); "
-                "llm-latency's spans and metrics go nowhere",
+                "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' for "
+                "OTLP, or name installed exporters in OTEL_TRACES_EXPORTER and "
+                "OTEL_METRICS_EXPORTER",
                 type(exc).__name__,
                 exc,
             )
