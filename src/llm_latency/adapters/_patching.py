@@ -86,6 +86,16 @@ class Hook:
         self.abandon = abandon
 
 
+class Tap:
+    """A hook for a hot path (called per body chunk): ``observe(instance, result)`` runs after
+    the call returned, guarded, with nothing before it; cheaper than a :class:`Hook`."""
+
+    __slots__ = ("observe",)
+
+    def __init__(self, observe: Callable[[Any, Any], None]) -> None:
+        self.observe = observe
+
+
 def phase_hook(
     phase: int,
     attempt_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
@@ -168,6 +178,21 @@ def _sync_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch
     return wrapper
 
 
+def _tap_wrapper(tap: Tap, where: str, report: FaultReporter, switch: _Switch) -> Any:
+    observe = tap.observe
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = wrapped(*args, **kwargs)
+        if switch.on:
+            try:
+                observe(instance, result)
+            except Exception:
+                report(where)
+        return result
+
+    return wrapper
+
+
 def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch) -> Any:
     before, after, on_error = hook.before, hook.after, hook.error
 
@@ -234,7 +259,7 @@ class _Installed:
         self.wrapper = wrapper
 
 
-Target = tuple[Any, str, Hook]
+Target = tuple[Any, str, "Hook | Tap"]
 
 
 class PatchSet:
@@ -260,7 +285,7 @@ class PatchSet:
         Returns whether the group was installed; a missing one is added to :attr:`lost`.
         """
         self.targets.extend((capability, _describe(owner, name)) for owner, name, _ in targets)
-        resolved: list[tuple[Any, str, Any, Hook]] = []
+        resolved: list[tuple[Any, str, Any, Hook | Tap]] = []
         for owner_ref, name, hook in targets:
             try:
                 owner = _resolve_owner(owner_ref)
@@ -273,7 +298,7 @@ class PatchSet:
             self._install(owner, name, hook, f"{self.client} {capability}")
         return True
 
-    def _install(self, owner: Any, name: str, hook: Hook, where: str) -> None:
+    def _install(self, owner: Any, name: str, hook: Hook | Tap, where: str) -> None:
         own = vars(owner).get(name, _MISSING)
         holder: Any = None
         if own is _MISSING:  # inherited: wrapped on ``owner`` itself, the base left alone
@@ -283,8 +308,13 @@ class PatchSet:
             while isinstance(target, _PROXY):
                 holder, target = target, target.__wrapped__
         function = getattr(target, "__func__", target)  # staticmethod: its function
-        make = _async_wrapper if inspect.iscoroutinefunction(function) else _sync_wrapper
-        wrapper = wrapt.FunctionWrapper(target, make(hook, where, self._report, self._switch))
+        if isinstance(hook, Tap):
+            wrap = _tap_wrapper(hook, where, self._report, self._switch)
+        elif inspect.iscoroutinefunction(function):
+            wrap = _async_wrapper(hook, where, self._report, self._switch)
+        else:
+            wrap = _sync_wrapper(hook, where, self._report, self._switch)
+        wrapper = wrapt.FunctionWrapper(target, wrap)
         if holder is None:
             setattr(owner, name, wrapper)
         else:

@@ -35,6 +35,7 @@ from llm_latency.adapters._patching import (
     Hook,
     PatchSet,
     Rewrite,
+    Tap,
     Unavailable,
     phase_hook,
 )
@@ -150,7 +151,7 @@ class RequestsAdapter:
             ],
         )
         p.group("the send and wait phases", [(_CONNECTION, "request", Hook(_send_begins, _sent))])
-        chunk = Hook(_response_attempt, _chunk)
+        chunk = Tap(_chunk_read)
         p.group(
             "body chunk times",
             [(_RESPONSE, "_raw_read", chunk), (_RESPONSE, "_handle_chunk", chunk)],
@@ -387,12 +388,11 @@ def _called_from(code: CodeType | None, depth: int = 8) -> bool:
     return False
 
 
-def _chunk(state: tuple[Timeline, Any], data: bytes) -> bytes:
+def _chunk_read(resp: Any, data: bytes) -> None:
     if data:
-        attempt = state[0]
-        if not attempt.ended:
+        attempt: Timeline | None = resp.__dict__.get(_ATTEMPT)
+        if attempt is not None and not attempt.ended:
             attempt.chunk(data)
-    return data
 
 
 def _queued(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Timeline | None:
