@@ -30,10 +30,6 @@ from llm_latency.version import __version__
 
 _logger = logging.getLogger(__name__)
 
-#: The instrumentation scope name (kept here too for code that imported it from here).
-SCOPE_NAME = sc.SCOPE_NAME
-
-
 class Adapter(Protocol):
     """What the instrumentor needs of a client adapter."""
 
