@@ -232,6 +232,17 @@ class Emitter:
             except Exception:
                 pass  # already reported
 
+    def finish_failed(self, timeline: Timeline, error: BaseException) -> None:
+        """End the attempt with ``error``, the exception the program is about to see (it
+        fails the phase it interrupted). Once, like :meth:`finish`; never raises."""
+        if timeline.ended:
+            return
+        try:
+            timeline.fail(error)
+        except Exception:
+            self.failed_once("recording a failure")
+        self.finish(timeline)
+
     def finish_all(self) -> None:
         """End every attempt still open (at uninstrument: their end can no longer be seen)."""
         for timeline in list(self._open):

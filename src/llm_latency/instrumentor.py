@@ -30,6 +30,7 @@ from llm_latency.version import __version__
 
 _logger = logging.getLogger(__name__)
 
+
 class Adapter(Protocol):
     """What the instrumentor needs of a client adapter."""
 

@@ -260,9 +260,8 @@ class AiohttpAdapter:
         # The program's read of the body was cancelled or timed out: the attempt ends here, in
         # the receive phase, with what the program sees.
         attempt = _streams.pop(stream, None)
-        if attempt is not None and not attempt.ended:
-            attempt.fail(exc)
-            self._emitter.finish(attempt)
+        if attempt is not None:
+            self._emitter.finish_failed(attempt, exc)
 
     def _connection_closes(
         self, protocol: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -282,9 +281,8 @@ class AiohttpAdapter:
 
     def _body_fails(self, stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         attempt = _streams.pop(stream, None)
-        if attempt is not None and not attempt.ended:
-            attempt.fail(_arg(args, kwargs, 0, "exc"))
-            self._emitter.finish(attempt)
+        if attempt is not None:
+            self._emitter.finish_failed(attempt, _arg(args, kwargs, 0, "exc"))
 
 
 # -- hooks that need no emitter ------------------------------------------------------------------

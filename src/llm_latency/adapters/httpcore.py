@@ -196,7 +196,7 @@ class _SyncStream:
         except GeneratorExit:
             raise
         except BaseException as exc:
-            _failed(emitter, attempt, exc)
+            emitter.finish_failed(attempt, exc)
             raise
         emitter.finish(attempt)
 
@@ -232,7 +232,7 @@ class _AsyncStream:
         except GeneratorExit:
             raise
         except BaseException as exc:
-            _failed(emitter, attempt, exc)
+            emitter.finish_failed(attempt, exc)
             raise
         emitter.finish(attempt)
 
@@ -246,16 +246,6 @@ class _AsyncStream:
         # Dropped unread and unclosed: the attempt ends when the body is collected.
         if not self._attempt.ended:
             self._emitter.finish(self._attempt)
-
-
-def _failed(emitter: Emitter, attempt: Timeline, exc: BaseException) -> None:
-    """End ``attempt`` with the exception the program is about to see."""
-    if not attempt.ended:
-        try:
-            attempt.fail(exc)
-        except Exception:
-            emitter.failed_once("httpcore attempt failure")
-        emitter.finish(attempt)
 
 
 # -- the adapter -------------------------------------------------------------------------------
@@ -368,7 +358,7 @@ class HttpcoreAdapter:
     def _fails(self, state: tuple[Timeline, Any], exc: BaseException) -> None:
         attempt, token = state
         connecting.reset(token)
-        _failed(self._emitter, attempt, exc)
+        self._emitter.finish_failed(attempt, exc)
 
     def _abandon(self, state: tuple[Timeline, Any]) -> None:
         self._emitter.finish(state[0])

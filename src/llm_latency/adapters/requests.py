@@ -219,13 +219,13 @@ class RequestsAdapter:
 
     def _urlopen_fails(self, state: _Urlopen, exc: BaseException) -> None:
         try:
-            _end_failed(self._emitter, state.attempt, exc)
+            self._emitter.finish_failed(state.attempt, exc)
         finally:
             self._urlopen_done(state)
 
     def _request_fails(self, attempt: Timeline, exc: BaseException) -> None:
         # urllib3 may retry after this: the attempt ends here, with its own error.
-        _end_failed(self._emitter, attempt, exc)
+        self._emitter.finish_failed(attempt, exc)
 
     # -- the response -------------------------------------------------------------------------
 
@@ -300,20 +300,11 @@ class _ErrorCatcher:
             if attempt.ended:
                 return
             if error is not None and not isinstance(error, GeneratorExit):
-                attempt.fail(error)
-                self._emitter.finish(attempt)
+                self._emitter.finish_failed(attempt, error)
             elif released:
                 self._emitter.finish(attempt)
         except Exception:
             self._emitter.failed_once("urllib3 response read")
-
-
-def _end_failed(emitter: Emitter, attempt: Timeline, exc: BaseException) -> None:
-    if not attempt.ended:
-        try:
-            attempt.fail(exc)
-        finally:
-            emitter.finish(attempt)
 
 
 def _headers_received(attempt: Timeline, resp: Any) -> None:
