@@ -79,12 +79,16 @@ class Telemetry:
 
     def assert_tiles(self) -> None:
         """No phase that did not happen: each attempt's phases are in order, never overlap,
-        and lie inside the attempt's span."""
+        and lie inside the attempt's span; each carries the attempt's ``server.address``."""
         for attempt in self.attempts():
             phases = sorted(self.phases(attempt).values(), key=lambda s: s.start_time or 0)
             assert attempt.start_time is not None and attempt.end_time is not None
+            assert attempt.attributes is not None
+            host = attempt.attributes["server.address"]
             previous_end, previous = attempt.start_time, "the attempt's start"
             for phase in phases:
+                assert phase.attributes is not None
+                assert phase.attributes["server.address"] == host, phase.name
                 assert phase.start_time is not None and phase.end_time is not None
                 assert phase.start_time >= previous_end, f"{phase.name} overlaps {previous}"
                 assert phase.end_time >= phase.start_time, phase.name

@@ -328,9 +328,9 @@ class Emitter:
             if not emit_spans:
                 continue
             if fast_parent is not None and phase != failed:
-                writer.write(phase, fast_parent, tl.to_epoch_ns(start), tl.to_epoch_ns(end))
+                writer.write(phase, host, fast_parent, tl.to_epoch_ns(start), tl.to_epoch_ns(end))
                 continue
-            child = writer.start(phase, ctx, tl.to_epoch_ns(start))
+            child = writer.start(phase, host, ctx, tl.to_epoch_ns(start))
             if error is not None and phase == failed:
                 kind = error_type(error)
                 child.set_attribute(sc.ERROR_TYPE, kind)

@@ -30,10 +30,8 @@ except ImportError:  # pragma: no cover
 
 _INTERNAL = SpanKind.INTERNAL
 
-#: ``{"llm_latency.phase": name}`` per phase, shared read-only by every span of that phase.
-PHASE_ATTRIBUTES: tuple[Mapping[str, Any], ...] = tuple(
-    MappingProxyType({sc.PHASE: name}) for name in PHASE_NAMES
-)
+#: Hosts whose attribute sets are kept at most (beyond, they are built per span).
+_MAX_HOSTS = 256
 
 
 class PhaseSpanWriter:
@@ -42,6 +40,20 @@ class PhaseSpanWriter:
     def __init__(self, tracer: Tracer) -> None:
         self._tracer = tracer
         self._sdk = SdkTracer is not None and isinstance(tracer, SdkTracer)
+        # host -> ``{llm_latency.phase, server.address}`` per phase, shared read-only by every
+        # span of that phase and host (span metrics and dashboards filter phases by host).
+        self._attributes: dict[str, tuple[Mapping[str, Any], ...]] = {}
+
+    def attributes(self, phase: int, host: str) -> Mapping[str, Any]:
+        """The attributes of a phase span: its phase and the attempt's ``server.address``."""
+        per_phase = self._attributes.get(host)
+        if per_phase is None:
+            per_phase = tuple(
+                MappingProxyType({sc.PHASE: name, sc.SERVER_ADDRESS: host}) for name in PHASE_NAMES
+            )
+            if len(self._attributes) < _MAX_HOSTS:
+                self._attributes[host] = per_phase
+        return per_phase[phase]
 
     def fast_path(self, parent: Span) -> SpanContext | None:
         """The parent's context when finished spans can be written directly, else None."""
@@ -50,7 +62,7 @@ class PhaseSpanWriter:
         context = parent.get_span_context()
         return context if context.trace_flags.sampled and parent.is_recording() else None
 
-    def write(self, phase: int, parent: SpanContext, start_ns: int, end_ns: int) -> None:
+    def write(self, phase: int, host: str, parent: SpanContext, start_ns: int, end_ns: int) -> None:
         """Hand a finished, successful phase span to the SDK's span processor."""
         tracer: Any = self._tracer
         context = SpanContext(
@@ -66,7 +78,7 @@ class PhaseSpanWriter:
                 context=context,
                 parent=parent,
                 resource=tracer.resource,
-                attributes=PHASE_ATTRIBUTES[phase],
+                attributes=self.attributes(phase, host),
                 kind=_INTERNAL,
                 start_time=start_ns,
                 end_time=end_ns,
@@ -74,12 +86,12 @@ class PhaseSpanWriter:
             )
         )
 
-    def start(self, phase: int, context: Context, start_ns: int) -> Span:
+    def start(self, phase: int, host: str, context: Context, start_ns: int) -> Span:
         """Start a phase span through the public API (the caller ends it)."""
         return self._tracer.start_span(
             sc.PHASE_SPAN_NAMES[phase],
             context=context,
             kind=_INTERNAL,
-            attributes=PHASE_ATTRIBUTES[phase],
+            attributes=self.attributes(phase, host),
             start_time=start_ns,
         )
