@@ -407,13 +407,19 @@ def seconds(duration: str) -> float:
     return float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
 
 
-def test_span_metrics_have_unit_seconds_llm_buckets_and_feed_jaeger_monitor() -> None:
+def test_span_metrics_are_in_milliseconds_with_llm_buckets_and_feed_jaeger_monitor() -> None:
+    """Jaeger's Monitor tab passes the latency through and its UI reads it as milliseconds: the
+    connector's histogram, and Jaeger's latency_unit, are in ms (in seconds the UI shows
+    latencies 1000x too small), in compose and in Helm alike. The buckets are the program's
+    (5 ms to 300 s), written in ms."""
     configs = collector_configs()
     for where in ("compose", "helm agent"):
         connector = configs[where]["connectors"]["span_metrics"]
         histogram = connector["histogram"]
-        assert histogram["unit"] == "s", where
-        buckets = tuple(seconds(b) for b in histogram["explicit"]["buckets"])
+        assert histogram["unit"] == "ms", where
+        written = histogram["explicit"]["buckets"]
+        assert all(str(b).endswith("ms") for b in written), (where, written)
+        buckets = tuple(seconds(b) for b in written)
         assert buckets == DURATION_BUCKETS, where
         assert connector["exemplars"]["enabled"] is True
         for jaeger in (load_yaml(JAEGER_CONFIG), load_yaml(HELM_JAEGER)["userconfig"]):
@@ -424,6 +430,8 @@ def test_span_metrics_have_unit_seconds_llm_buckets_and_feed_jaeger_monitor() ->
             assert spm["normalize_calls"] and spm["normalize_duration"]
             storage = jaeger["extensions"]["jaeger_query"]["storage"]
             assert storage["metrics"] in backends
+    # Nothing queries the span-metrics histogram under its name in seconds.
+    assert not [q.where for q in all_queries() if "traces_span_metrics_duration_seconds" in q.expr]
     # Span metrics are computed before sampling: in the agent, never in the sampling gateway.
     assert "span_metrics" not in (configs["helm gateway"].get("connectors") or {})
 
