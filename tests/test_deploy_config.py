@@ -478,6 +478,24 @@ def test_collector_chart_values_validate_against_the_chart_schema(values: Path) 
     assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
 
 
+@pytest.mark.parametrize("values", [HELM_AGENT, HELM_GATEWAY], ids=lambda p: p.name)
+def test_collector_pod_monitors_carry_the_release_label_kube_prometheus_stack_selects(
+    values: Path,
+) -> None:
+    """kube-prometheus-stack's Prometheus selects PodMonitors by the label ``release`` (its
+    Helm release name) by default: without it, nothing is scraped. The chart adds it through
+    ``podMonitor.extraLabels``; the chart schema does not forbid unknown podMonitor keys, so the
+    keys are checked against its properties here."""
+    schema = json.loads(reference(COLLECTOR_CHART_SCHEMA).read_text())
+    known = set(schema["properties"]["podMonitor"]["properties"])
+    monitor = load_yaml(values)["podMonitor"]
+    assert monitor["enabled"] is True
+    assert set(monitor) <= known, set(monitor) - known
+    assert "extraLabels" in known
+    release = monitor["extraLabels"].get("release")
+    assert isinstance(release, str) and release, monitor
+
+
 def test_agent_routes_traces_by_trace_id_to_the_sampling_gateway() -> None:
     agent, gateway = load_yaml(HELM_AGENT), load_yaml(HELM_GATEWAY)
     assert agent["mode"] == "daemonset" and gateway["mode"] == "deployment"
