@@ -527,6 +527,25 @@ def test_gateway_keeps_every_error_and_slow_trace() -> None:
     assert processors.index("tail_sampling") < processors.index("batch")
 
 
+#: What a trace's spans may be spread over, in seconds: llm-latency hands over an attempt's spans
+#: when the attempt ends, so the next attempt of a retried call arrives after the backoff
+#: (llm_latency.retry: at most 30 s) plus the whole next attempt (a long stream: 120 s), plus
+#: the export delays (the SDK's batch span processor, 5 s; the agent's batch and load balancing).
+TRACE_SPREAD_SECONDS = 30 + 120 + 10
+
+
+def test_gateway_waits_for_the_spans_of_retried_calls_and_long_streams() -> None:
+    """A trace decided before its last attempt's spans arrive is decided on part of the trace
+    (the later spans only follow the cached decision): decision_wait covers a backoff and a
+    long stream, and num_traces holds decision_wait's worth of new traces."""
+    sampling = load_yaml(HELM_GATEWAY)["config"]["processors"]["tail_sampling"]
+    wait = seconds(sampling["decision_wait"])
+    assert wait >= TRACE_SPREAD_SECONDS, sampling["decision_wait"]
+    assert sampling["num_traces"] >= sampling["expected_new_traces_per_sec"] * wait
+    readme = " ".join(README.read_text().split())  # the sizing note states it
+    assert f"`decision_wait` ({sampling['decision_wait']})" in readme
+
+
 def unknown_keys(values: Any, known: Any, path: str = "") -> list[str]:
     """Keys of ``values`` that the chart's values.yaml does not have. Below a key whose default
     is null, an empty map or a list (userconfig, extraEnv, podLabels, ...), anything goes."""
