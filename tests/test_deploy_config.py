@@ -574,6 +574,38 @@ def test_jaeger_chart_values_use_only_keys_of_the_chart() -> None:
     }
 
 
+def env_by_name(env: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {variable["name"]: variable for variable in env}
+
+
+def test_jaeger_stores_in_opensearch_and_the_index_cleaner_cleans_what_it_writes() -> None:
+    """Jaeger writes <index_prefix>-jaeger-span-*; the chart's index cleaner (a CronJob) gets
+    the URL from storage.elasticsearch.url and everything else from esIndexCleaner.extraEnv: it
+    must get the same prefix (INDEX_PREFIX) and the same credentials (ES_USERNAME, ES_PASSWORD
+    from the same Secret keys as Jaeger), or it deletes nothing and the store fills up."""
+    values = load_yaml(HELM_JAEGER)
+    backends = values["userconfig"]["extensions"]["jaeger_storage"]["backends"]
+    storage_name = values["userconfig"]["exporters"]["jaeger_storage_exporter"]["trace_storage"]
+    (kind,) = backends[storage_name]
+    assert kind == "opensearch"  # Jaeger's own OpenSearch backend; Elasticsearch: README
+    storage = backends[storage_name][kind]
+    prefix = storage["indices"]["index_prefix"]
+    assert prefix
+
+    assert values["esIndexCleaner"]["enabled"] is True
+    assert values["storage"]["elasticsearch"]["url"] in storage["server_urls"]
+    cleaner = env_by_name(values["esIndexCleaner"]["extraEnv"])
+    assert cleaner["INDEX_PREFIX"]["value"] == prefix
+
+    jaeger = env_by_name(values["jaeger"]["extraEnv"])
+    basic = storage["auth"]["basic"]
+    for field, cleaner_variable in (("username", "ES_USERNAME"), ("password", "ES_PASSWORD")):
+        match = re.fullmatch(r"\$\{env:(\w+)\}", basic[field])
+        assert match, basic[field]
+        secret = jaeger[match.group(1)]["valueFrom"]["secretKeyRef"]
+        assert cleaner[cleaner_variable]["valueFrom"]["secretKeyRef"] == secret, field
+
+
 # -- yamllint and the README -----------------------------------------------------------------
 
 
