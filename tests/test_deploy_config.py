@@ -95,6 +95,28 @@ def test_compose_pins_every_image_and_uses_one_network() -> None:
                 assert (COMPOSE / source).exists(), f"{name} mounts missing {source}"
 
 
+#: Image tags shown to be released (no registry of images is reachable from here): each with
+#: the public evidence deploy/README.md ("Image tags") names. A tag that cannot be shown
+#: released is not pinned.
+RELEASED_IMAGES = {
+    "otel-collector": "otel/opentelemetry-collector-contrib:0.159.0",
+    "jaeger": "jaegertracing/jaeger:2.19.0",
+    "prometheus": "prom/prometheus:v3.13.1",
+    "alertmanager": "prom/alertmanager:v0.28.1",
+    "grafana": "grafana/grafana:12.2.1",
+}
+
+
+def test_compose_pins_only_image_tags_shown_released_and_the_readme_says_where() -> None:
+    services = load_yaml(COMPOSE_FILE)["services"]
+    images = {name: service["image"] for name, service in services.items()}
+    assert images == RELEASED_IMAGES
+    section = README.read_text().split("### Image tags", 1)[1].split("\n## ", 1)[0]
+    for image in images.values():
+        (row,) = [line for line in section.splitlines() if f"`{image}`" in line]
+        assert row.count("|") == 3 and row.split("|")[2].strip(), row  # a source is named
+
+
 def test_compose_publishes_the_documented_ports_on_loopback_only() -> None:
     services = load_yaml(COMPOSE_FILE)["services"]
     published = {
