@@ -481,7 +481,23 @@ def test_collector_sends_traces_to_jaeger_over_otlp() -> None:
     receivers = compose["receivers"]["otlp"]["protocols"]
     assert receivers["grpc"]["endpoint"] == "0.0.0.0:4317"
     assert receivers["http"]["endpoint"] == "0.0.0.0:4318"
-    assert compose["service"]["pipelines"]["traces"]["processors"][0] == "memory_limiter"
+    assert compose["service"]["pipelines"]["traces"]["processors"][0].startswith("memory_limiter")
+
+
+@pytest.mark.parametrize("where", ["compose", "helm agent"])
+def test_traces_and_metrics_have_their_own_memory_limiters(where: str) -> None:
+    """Each limiter measures the whole process, so with one shared limiter a burst of traces
+    gets the program's metrics refused too. The traces pipeline's limiter refuses first (lower
+    limit): metrics keep flowing while traces are shed."""
+    config = collector_configs()[where]
+    pipelines = config["service"]["pipelines"]
+    traces = pipelines["traces"]["processors"][0]
+    metrics = pipelines["metrics"]["processors"][0]
+    assert traces.startswith("memory_limiter/") and metrics.startswith("memory_limiter/")
+    assert traces != metrics
+    limits = {name: config["processors"][name] for name in (traces, metrics)}
+    key = "limit_mib" if "limit_mib" in limits[traces] else "limit_percentage"
+    assert limits[traces][key] < limits[metrics][key], limits
 
 
 # -- Helm ------------------------------------------------------------------------------------
