@@ -95,6 +95,28 @@ def test_compose_pins_every_image_and_uses_one_network() -> None:
                 assert (COMPOSE / source).exists(), f"{name} mounts missing {source}"
 
 
+#: Image tags shown to be released (no registry of images is reachable from here): each with
+#: the public evidence deploy/README.md ("Image tags") names. A tag that cannot be shown
+#: released is not pinned.
+RELEASED_IMAGES = {
+    "otel-collector": "otel/opentelemetry-collector-contrib:0.159.0",
+    "jaeger": "jaegertracing/jaeger:2.19.0",
+    "prometheus": "prom/prometheus:v3.13.1",
+    "alertmanager": "prom/alertmanager:v0.28.1",
+    "grafana": "grafana/grafana:12.2.1",
+}
+
+
+def test_compose_pins_only_image_tags_shown_released_and_the_readme_says_where() -> None:
+    services = load_yaml(COMPOSE_FILE)["services"]
+    images = {name: service["image"] for name, service in services.items()}
+    assert images == RELEASED_IMAGES
+    section = README.read_text().split("### Image tags", 1)[1].split("\n## ", 1)[0]
+    for image in images.values():
+        (row,) = [line for line in section.splitlines() if f"`{image}`" in line]
+        assert row.count("|") == 3 and row.split("|")[2].strip(), row  # a source is named
+
+
 def test_compose_publishes_the_documented_ports_on_loopback_only() -> None:
     services = load_yaml(COMPOSE_FILE)["services"]
     published = {
@@ -407,13 +429,19 @@ def seconds(duration: str) -> float:
     return float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
 
 
-def test_span_metrics_have_unit_seconds_llm_buckets_and_feed_jaeger_monitor() -> None:
+def test_span_metrics_are_in_milliseconds_with_llm_buckets_and_feed_jaeger_monitor() -> None:
+    """Jaeger's Monitor tab passes the latency through and its UI reads it as milliseconds: the
+    connector's histogram, and Jaeger's latency_unit, are in ms (in seconds the UI shows
+    latencies 1000x too small), in compose and in Helm alike. The buckets are the program's
+    (5 ms to 300 s), written in ms."""
     configs = collector_configs()
     for where in ("compose", "helm agent"):
         connector = configs[where]["connectors"]["span_metrics"]
         histogram = connector["histogram"]
-        assert histogram["unit"] == "s", where
-        buckets = tuple(seconds(b) for b in histogram["explicit"]["buckets"])
+        assert histogram["unit"] == "ms", where
+        written = histogram["explicit"]["buckets"]
+        assert all(str(b).endswith("ms") for b in written), (where, written)
+        buckets = tuple(seconds(b) for b in written)
         assert buckets == DURATION_BUCKETS, where
         assert connector["exemplars"]["enabled"] is True
         for jaeger in (load_yaml(JAEGER_CONFIG), load_yaml(HELM_JAEGER)["userconfig"]):
@@ -424,6 +452,8 @@ def test_span_metrics_have_unit_seconds_llm_buckets_and_feed_jaeger_monitor() ->
             assert spm["normalize_calls"] and spm["normalize_duration"]
             storage = jaeger["extensions"]["jaeger_query"]["storage"]
             assert storage["metrics"] in backends
+    # Nothing queries the span-metrics histogram under its name in seconds.
+    assert not [q.where for q in all_queries() if "traces_span_metrics_duration_seconds" in q.expr]
     # Span metrics are computed before sampling: in the agent, never in the sampling gateway.
     assert "span_metrics" not in (configs["helm gateway"].get("connectors") or {})
 
@@ -451,7 +481,23 @@ def test_collector_sends_traces_to_jaeger_over_otlp() -> None:
     receivers = compose["receivers"]["otlp"]["protocols"]
     assert receivers["grpc"]["endpoint"] == "0.0.0.0:4317"
     assert receivers["http"]["endpoint"] == "0.0.0.0:4318"
-    assert compose["service"]["pipelines"]["traces"]["processors"][0] == "memory_limiter"
+    assert compose["service"]["pipelines"]["traces"]["processors"][0].startswith("memory_limiter")
+
+
+@pytest.mark.parametrize("where", ["compose", "helm agent"])
+def test_traces_and_metrics_have_their_own_memory_limiters(where: str) -> None:
+    """Each limiter measures the whole process, so with one shared limiter a burst of traces
+    gets the program's metrics refused too. The traces pipeline's limiter refuses first (lower
+    limit): metrics keep flowing while traces are shed."""
+    config = collector_configs()[where]
+    pipelines = config["service"]["pipelines"]
+    traces = pipelines["traces"]["processors"][0]
+    metrics = pipelines["metrics"]["processors"][0]
+    assert traces.startswith("memory_limiter/") and metrics.startswith("memory_limiter/")
+    assert traces != metrics
+    limits = {name: config["processors"][name] for name in (traces, metrics)}
+    key = "limit_mib" if "limit_mib" in limits[traces] else "limit_percentage"
+    assert limits[traces][key] < limits[metrics][key], limits
 
 
 # -- Helm ------------------------------------------------------------------------------------
@@ -468,6 +514,24 @@ def test_collector_chart_values_validate_against_the_chart_schema(values: Path) 
     validator_class.check_schema(schema)
     errors = sorted(validator_class(schema).iter_errors(load_yaml(values)), key=str)
     assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
+
+
+@pytest.mark.parametrize("values", [HELM_AGENT, HELM_GATEWAY], ids=lambda p: p.name)
+def test_collector_pod_monitors_carry_the_release_label_kube_prometheus_stack_selects(
+    values: Path,
+) -> None:
+    """kube-prometheus-stack's Prometheus selects PodMonitors by the label ``release`` (its
+    Helm release name) by default: without it, nothing is scraped. The chart adds it through
+    ``podMonitor.extraLabels``; the chart schema does not forbid unknown podMonitor keys, so the
+    keys are checked against its properties here."""
+    schema = json.loads(reference(COLLECTOR_CHART_SCHEMA).read_text())
+    known = set(schema["properties"]["podMonitor"]["properties"])
+    monitor = load_yaml(values)["podMonitor"]
+    assert monitor["enabled"] is True
+    assert set(monitor) <= known, set(monitor) - known
+    assert "extraLabels" in known
+    release = monitor["extraLabels"].get("release")
+    assert isinstance(release, str) and release, monitor
 
 
 def test_agent_routes_traces_by_trace_id_to_the_sampling_gateway() -> None:
@@ -501,6 +565,25 @@ def test_gateway_keeps_every_error_and_slow_trace() -> None:
     assert processors.index("tail_sampling") < processors.index("batch")
 
 
+#: What a trace's spans may be spread over, in seconds: llm-latency hands over an attempt's spans
+#: when the attempt ends, so the next attempt of a retried call arrives after the backoff
+#: (llm_latency.retry: at most 30 s) plus the whole next attempt (a long stream: 120 s), plus
+#: the export delays (the SDK's batch span processor, 5 s; the agent's batch and load balancing).
+TRACE_SPREAD_SECONDS = 30 + 120 + 10
+
+
+def test_gateway_waits_for_the_spans_of_retried_calls_and_long_streams() -> None:
+    """A trace decided before its last attempt's spans arrive is decided on part of the trace
+    (the later spans only follow the cached decision): decision_wait covers a backoff and a
+    long stream, and num_traces holds decision_wait's worth of new traces."""
+    sampling = load_yaml(HELM_GATEWAY)["config"]["processors"]["tail_sampling"]
+    wait = seconds(sampling["decision_wait"])
+    assert wait >= TRACE_SPREAD_SECONDS, sampling["decision_wait"]
+    assert sampling["num_traces"] >= sampling["expected_new_traces_per_sec"] * wait
+    readme = " ".join(README.read_text().split())  # the sizing note states it
+    assert f"`decision_wait` ({sampling['decision_wait']})" in readme
+
+
 def unknown_keys(values: Any, known: Any, path: str = "") -> list[str]:
     """Keys of ``values`` that the chart's values.yaml does not have. Below a key whose default
     is null, an empty map or a list (userconfig, extraEnv, podLabels, ...), anything goes."""
@@ -520,13 +603,52 @@ def unknown_keys(values: Any, known: Any, path: str = "") -> list[str]:
 def test_jaeger_chart_values_use_only_keys_of_the_chart() -> None:
     chart = load_yaml(reference(JAEGER_CHART_VALUES))
     values = load_yaml(HELM_JAEGER)
+    # jaeger.resources: documented in the chart's values only as a comment under jaeger:, read
+    # by its Deployment template (.Values.jaeger.resources).
+    chart["jaeger"]["resources"] = {}
     assert unknown_keys(values, chart) == []
-    assert values["tag"] == "2.19.0"
+    # The image tag goes where the Jaeger Deployment reads it, not the top-level `tag`.
+    assert "tag" not in values
+    assert values["jaeger"]["image"]["tag"] == "2.19.0"
+    requests = values["jaeger"]["resources"]["requests"]
+    assert requests["cpu"] and requests["memory"]
     backends = values["userconfig"]["extensions"]["jaeger_storage"]["backends"]
     assert {kind for backend in backends.values() for kind in backend} <= {
         "elasticsearch",
         "opensearch",
     }
+
+
+def env_by_name(env: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {variable["name"]: variable for variable in env}
+
+
+def test_jaeger_stores_in_opensearch_and_the_index_cleaner_cleans_what_it_writes() -> None:
+    """Jaeger writes <index_prefix>-jaeger-span-*; the chart's index cleaner (a CronJob) gets
+    the URL from storage.elasticsearch.url and everything else from esIndexCleaner.extraEnv: it
+    must get the same prefix (INDEX_PREFIX) and the same credentials (ES_USERNAME, ES_PASSWORD
+    from the same Secret keys as Jaeger), or it deletes nothing and the store fills up."""
+    values = load_yaml(HELM_JAEGER)
+    backends = values["userconfig"]["extensions"]["jaeger_storage"]["backends"]
+    storage_name = values["userconfig"]["exporters"]["jaeger_storage_exporter"]["trace_storage"]
+    (kind,) = backends[storage_name]
+    assert kind == "opensearch"  # Jaeger's own OpenSearch backend; Elasticsearch: README
+    storage = backends[storage_name][kind]
+    prefix = storage["indices"]["index_prefix"]
+    assert prefix
+
+    assert values["esIndexCleaner"]["enabled"] is True
+    assert values["storage"]["elasticsearch"]["url"] in storage["server_urls"]
+    cleaner = env_by_name(values["esIndexCleaner"]["extraEnv"])
+    assert cleaner["INDEX_PREFIX"]["value"] == prefix
+
+    jaeger = env_by_name(values["jaeger"]["extraEnv"])
+    basic = storage["auth"]["basic"]
+    for field, cleaner_variable in (("username", "ES_USERNAME"), ("password", "ES_PASSWORD")):
+        match = re.fullmatch(r"\$\{env:(\w+)\}", basic[field])
+        assert match, basic[field]
+        secret = jaeger[match.group(1)]["valueFrom"]["secretKeyRef"]
+        assert cleaner[cleaner_variable]["valueFrom"]["secretKeyRef"] == secret, field
 
 
 # -- yamllint and the README -----------------------------------------------------------------

@@ -10,7 +10,8 @@ series exist. Each alert is taken apart instead (tests.deploy_workload.data_chec
 promql-parser AST): a comparison with a number is evaluated without its threshold, both sides
 of ``and``/``or`` are evaluated, ``absent(x)`` evaluates ``x``. For example LLMWaitP95High
 evaluates ``histogram_quantile(0.95, ...)`` without ``> 30``, and LLMNoRequests evaluates
-``sum by (job) (rate(http_client_request_duration_seconds_count{...}[15m]))`` and
+``group by (job) (last_over_time(http_client_request_duration_seconds_count{...}[1d]))`` (the
+left side of its ``unless``) and
 ``http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}``. The rules are
 also loaded into this Prometheus, which must evaluate each of them without error.
 """
