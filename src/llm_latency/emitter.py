@@ -365,7 +365,8 @@ class Emitter:
         for header, kind in hdr.RATELIMIT_REMAINING_HEADERS.items():
             remaining = hdr.parse_number(hdr.first(found, header))
             if remaining is not None:
-                metrics.ratelimit(host, kind, remaining)
+                reset_in = hdr.parse_duration(hdr.first(found, hdr.RATELIMIT_RESET_HEADERS[kind]))
+                metrics.ratelimit(host, kind, remaining, reset_in)
 
     def failed_once(self, what: str) -> None:
         """Log a fault inside the plugin, once per emitter."""

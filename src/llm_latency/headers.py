@@ -10,6 +10,7 @@ import datetime
 import email.utils
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -26,6 +27,13 @@ RATELIMIT_REMAINING_HEADERS: Final = {
     "x-ratelimit-remaining-requests": "requests",
     "x-ratelimit-remaining-tokens": "tokens",
 }
+#: When each remaining count above is reset (OpenAI's durations: ``1s``, ``6m0s``, ``20ms``).
+RATELIMIT_RESET_HEADERS: Final = {
+    "requests": "x-ratelimit-reset-requests",
+    "tokens": "x-ratelimit-reset-tokens",
+}
+_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 #: Captured by default: request ids, server timing, model, rate-limit state and retry hints.
 DEFAULT_RESPONSE_HEADERS: Final[tuple[str, ...]] = (
@@ -134,6 +142,21 @@ def retry_after(retry_after_ms: str | None, retry_after_value: str | None) -> fl
             when = when.replace(tzinfo=datetime.timezone.utc)
         return max((when - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.0)
     return None
+
+
+def parse_duration(value: str | None) -> float | None:
+    """Seconds in a Go-style duration (``6m0s``, ``1.5s``, ``20ms``), or a plain number of
+    seconds; None when absent or unreadable."""
+    if value is None:
+        return None
+    number = parse_number(value)
+    if number is not None:
+        return number if number >= 0 else None
+    text = value.strip()
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
 
 
 def parse_number(value: str | None) -> float | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.context import Context
@@ -20,6 +21,9 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from llm_latency import semconv as sc
 
 Attributes = tuple[tuple[str, Any], ...]
+
+#: Seconds a rate-limit remaining value is reported at most after the response that gave it.
+RATELIMIT_MAX_AGE = 300.0
 
 _ALL_TALLIES: weakref.WeakSet[_Tallies] = weakref.WeakSet()
 
@@ -51,11 +55,36 @@ class _Tallies:
         with self._lock:
             self._values[key] = self._values.get(key, 0) + amount
 
-    def set(self, key: Attributes, value: float) -> None:
-        self._values[key] = value  # a single store: atomic, last writer wins
-
     def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
+            items = list(self._values.items())
+        return [Observation(value, dict(key)) for key, value in items]
+
+
+class _FreshValues(_Tallies):
+    """Last values per attribute set, each reported only until it goes stale."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._until: dict[Attributes, float] = {}
+
+    def _after_fork(self) -> None:
+        super()._after_fork()
+        self._until = {}
+
+    def set_fresh(self, key: Attributes, value: float, for_seconds: float) -> None:
+        """``value`` is the current one for ``for_seconds`` from now."""
+        with self._lock:
+            self._values[key] = value
+            self._until[key] = self._clock() + for_seconds
+
+    def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        now = self._clock()
+        with self._lock:
+            for key in [key for key, until in self._until.items() if until <= now]:
+                del self._until[key]
+                del self._values[key]
             items = list(self._values.items())
         return [Observation(value, dict(key)) for key, value in items]
 
@@ -91,7 +120,7 @@ class AttemptMetrics:
         self.retries = _Tallies()
         self.rate_limited = _Tallies()
         self.connections = _Tallies()
-        self.ratelimit_remaining = _Tallies()
+        self.ratelimit_remaining = _FreshValues()
         meter.create_observable_counter(
             sc.RETRIES,
             [self.retries.observe],
@@ -160,8 +189,14 @@ class AttemptMetrics:
             key = ((sc.SERVER_ADDRESS, host), (sc.ERROR_TYPE, reason or "unknown"))
         self.retries.add(key)
 
-    def ratelimit(self, host: str, kind: str, remaining: float) -> None:
-        """The latest rate-limit remaining value for ``host`` (requests or tokens)."""
-        self.ratelimit_remaining.set(
-            ((sc.SERVER_ADDRESS, host), (sc.RATELIMIT_KIND, kind)), remaining
+    def ratelimit(
+        self, host: str, kind: str, remaining: float, reset_in: float | None = None
+    ) -> None:
+        """The latest rate-limit remaining value for ``host`` (requests or tokens). It is
+        reported until the provider resets the window (``reset_in`` seconds), and never for
+        longer than ``RATELIMIT_MAX_AGE``: a value the program no longer refreshes (it is
+        idle, or gone) is not reported forever."""
+        fresh_for = RATELIMIT_MAX_AGE if reset_in is None else min(reset_in, RATELIMIT_MAX_AGE)
+        self.ratelimit_remaining.set_fresh(
+            ((sc.SERVER_ADDRESS, host), (sc.RATELIMIT_KIND, kind)), remaining, fresh_for
         )
