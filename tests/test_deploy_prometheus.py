@@ -226,11 +226,11 @@ def test_alerts_are_taken_apart_into_their_series() -> None:
     for parts in by_alert.values():
         for part in parts:
             assert not part.endswith(("> 30", "> 10", "> 0.5", "< 5", "== 0")), part
-    no_requests = by_alert["alert LLMNoRequests"]
-    assert (
-        no_requests[1]
-        == 'http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}'
-    )
+    # "A unless B" is checked on A: the jobs remembered for a day (no absent() branch).
+    assert by_alert["alert LLMNoRequests"] == [
+        "group by (job)(last_over_time("
+        'http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}[1d]))'
+    ]
     assert len(by_alert["alert LLMNewConnectionShareHigh"]) == 2
     assert len(by_alert["alert LLMRateLimitNearZero"]) == 2
 
