@@ -11,8 +11,7 @@ promql-parser AST): a comparison with a number is evaluated without its threshol
 of ``and``/``or`` are evaluated, ``absent(x)`` evaluates ``x``. For example LLMWaitP95High
 evaluates ``histogram_quantile(0.95, ...)`` without ``> 30``, and LLMNoRequests evaluates
 ``group by (job) (last_over_time(http_client_request_duration_seconds_count{...}[1d]))`` (the
-left side of its ``unless``) and
-``http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}``. The rules are
+left side of its ``unless``). The rules are
 also loaded into this Prometheus, which must evaluate each of them without error.
 """
 
