@@ -341,6 +341,26 @@ def test_every_dashboard_panel_links_to_the_traces_behind_it() -> None:
                 assert target["exemplar"] is True, (panel["title"], target["refId"])
 
 
+def test_dashboard_links_name_jaegers_service_also_under_a_namespace() -> None:
+    """With service.namespace set, the collector's job label is "namespace/name", while Jaeger
+    knows the service as "name": every link to Jaeger uses the service variable, which is the
+    job without that prefix."""
+    text = DASHBOARD.read_text()
+    dashboard = json.loads(text)
+    urls = re.findall(r'"url": "([^"]*)"', text)
+    to_jaeger = [u for u in urls if "16686" in u or "jaeger" in u]
+    assert to_jaeger
+    for url in to_jaeger:
+        assert "${job}" not in url, url
+    assert all("${service}" in u for u in to_jaeger if "service" in u)
+    (service,) = [v for v in dashboard["templating"]["list"] if v["name"] == "service"]
+    assert 'job=~"$job"' in service["query"]["query"]
+    pattern = re.compile(service["regex"].strip("/"))
+    for job, name in (("prod/chat-api", "chat-api"), ("chat-api", "chat-api"), ("a/b/c", "c")):
+        match = pattern.match(job)
+        assert match is not None and match.group(1) == name, job
+
+
 # -- the collector: components, span metrics, exporter ----------------------------------------
 
 KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")
