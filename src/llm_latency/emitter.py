@@ -319,18 +319,21 @@ class Emitter:
         emit_spans = self.phase_spans and span.is_recording()
         fast_parent = writer.fast_path(span) if emit_spans else None
         failed = tl.failed_phase if error is not None else None
-        for phase, name in enumerate(PHASE_NAMES):
+        for phase in range(len(PHASE_NAMES)):
             bounds = tl.span_of(phase)
             if bounds is None:
                 continue
             start, end = bounds
-            record(name, host, (end - start) / 1e9, ctx)
+            attributes = writer.attributes(phase, host)
+            record(attributes, (end - start) / 1e9, ctx)
             if not emit_spans:
                 continue
             if fast_parent is not None and phase != failed:
-                writer.write(phase, host, fast_parent, tl.to_epoch_ns(start), tl.to_epoch_ns(end))
+                writer.write(
+                    phase, attributes, fast_parent, tl.to_epoch_ns(start), tl.to_epoch_ns(end)
+                )
                 continue
-            child = writer.start(phase, host, ctx, tl.to_epoch_ns(start))
+            child = writer.start(phase, attributes, ctx, tl.to_epoch_ns(start))
             if error is not None and phase == failed:
                 kind = error_type(error)
                 child.set_attribute(sc.ERROR_TYPE, kind)

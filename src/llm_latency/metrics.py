@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry.context import Context
@@ -145,14 +145,10 @@ class AttemptMetrics:
             unit="{unit}",
             description="Requests or tokens left in the current rate-limit window.",
         )
-        self._phase_attributes: dict[tuple[str, str], dict[str, str]] = {}
 
-    def phase(self, phase: str, host: str, seconds: float, context: Context) -> None:
-        """Record the time one attempt spent in ``phase``."""
-        key = (phase, host)
-        attributes = self._phase_attributes.get(key)
-        if attributes is None:
-            attributes = self._phase_attributes[key] = {sc.PHASE: phase, sc.SERVER_ADDRESS: host}
+    def phase(self, attributes: Mapping[str, Any], seconds: float, context: Context) -> None:
+        """Record the time one attempt spent in a phase (``attributes``: the phase and host,
+        shared with the phase's span, see ``PhaseSpanWriter.attributes``)."""
         self.phase_duration.record(seconds, attributes, context)
 
     def attempt(

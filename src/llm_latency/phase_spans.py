@@ -41,11 +41,13 @@ class PhaseSpanWriter:
         self._tracer = tracer
         self._sdk = SdkTracer is not None and isinstance(tracer, SdkTracer)
         # host -> ``{llm_latency.phase, server.address}`` per phase, shared read-only by every
-        # span of that phase and host (span metrics and dashboards filter phases by host).
+        # span and phase-duration measurement of that phase and host (span metrics and
+        # dashboards filter phases by host).
         self._attributes: dict[str, tuple[Mapping[str, Any], ...]] = {}
 
     def attributes(self, phase: int, host: str) -> Mapping[str, Any]:
-        """The attributes of a phase span: its phase and the attempt's ``server.address``."""
+        """The attributes of a phase, for its span and its ``llm_latency.phase.duration``
+        measurement: the phase and the attempt's ``server.address``."""
         per_phase = self._attributes.get(host)
         if per_phase is None:
             per_phase = tuple(
@@ -62,7 +64,14 @@ class PhaseSpanWriter:
         context = parent.get_span_context()
         return context if context.trace_flags.sampled and parent.is_recording() else None
 
-    def write(self, phase: int, host: str, parent: SpanContext, start_ns: int, end_ns: int) -> None:
+    def write(
+        self,
+        phase: int,
+        attributes: Mapping[str, Any],
+        parent: SpanContext,
+        start_ns: int,
+        end_ns: int,
+    ) -> None:
         """Hand a finished, successful phase span to the SDK's span processor."""
         tracer: Any = self._tracer
         context = SpanContext(
@@ -78,7 +87,7 @@ class PhaseSpanWriter:
                 context=context,
                 parent=parent,
                 resource=tracer.resource,
-                attributes=self.attributes(phase, host),
+                attributes=attributes,
                 kind=_INTERNAL,
                 start_time=start_ns,
                 end_time=end_ns,
@@ -86,12 +95,14 @@ class PhaseSpanWriter:
             )
         )
 
-    def start(self, phase: int, host: str, context: Context, start_ns: int) -> Span:
+    def start(
+        self, phase: int, attributes: Mapping[str, Any], context: Context, start_ns: int
+    ) -> Span:
         """Start a phase span through the public API (the caller ends it)."""
         return self._tracer.start_span(
             sc.PHASE_SPAN_NAMES[phase],
             context=context,
             kind=_INTERNAL,
-            attributes=self.attributes(phase, host),
+            attributes=attributes,
             start_time=start_ns,
         )
