@@ -122,6 +122,14 @@ class Timeline:
         if self._current == phase:
             self._current = -1
 
+    def advance(self, phase: int) -> None:
+        """The current phase, if any, ends and ``phase`` begins, at one instant (phases never
+        overlap)."""
+        now = _now()
+        if self._current >= 0:
+            self.finish(self._current, now)
+        self.begin(phase, now)
+
     def discard(self, phase: int) -> None:
         """Forget a phase that was begun too early: it did not happen (yet)."""
         i = 2 * phase

@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from llm_latency.adapters._patching import SKIP, FaultReporter, Hook, PatchSet
-from llm_latency.timeline import CONNECT, DNS, Timeline, _now
+from llm_latency.timeline import CONNECT, DNS, Timeline
 
 #: The attempt whose connection the current thread or task is opening, if any.
 connecting: ContextVar[Timeline | None] = ContextVar("llm_latency_connecting", default=None)
@@ -48,9 +48,7 @@ def _lookup_begins(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 
 def _lookup_ends(attempt: Timeline, result: Any) -> Any:
-    end = _now()
-    attempt.finish(DNS, end)
-    attempt.begin(CONNECT, end)
+    attempt.advance(CONNECT)  # the lookup (dns) ends, the TCP connect begins
     return result
 
 

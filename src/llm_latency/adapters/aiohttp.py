@@ -387,17 +387,11 @@ def _chunk(stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
 
 def _request_sent(attempt: Timeline) -> None:
     if attempt.current_phase == SEND:
-        now = _now()
-        attempt.finish(SEND, now)
-        attempt.begin(WAIT, now)
+        attempt.advance(WAIT)
 
 
 def _headers_received(attempt: Timeline, response: Any) -> None:
-    now = _now()
-    current = attempt.current_phase
-    if current in (WAIT, SEND):
-        attempt.finish(current, now)
-    attempt.begin(RECEIVE, now)
+    attempt.advance(RECEIVE)
     attempt.status_code = response.status
     version = response.version
     if version is not None:

@@ -30,7 +30,7 @@ from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.sse import SSECounter
 from llm_latency.suppression import tracing_allowed
-from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, _now
+from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline
 
 _RETRY_COUNT = b"x-stainless-retry-count"
 _DEFAULT_PORTS = {b"http": 80, b"https": 443, b"ws": 80, b"wss": 443}
@@ -87,16 +87,11 @@ def _send_started(attempt: Timeline, info: dict[str, Any]) -> None:
 
 
 def _sent(attempt: Timeline, info: dict[str, Any]) -> None:
-    now = _now()
-    attempt.finish(SEND, now)
-    attempt.begin(WAIT, now)
+    attempt.advance(WAIT)
 
 
 def _headers_received(attempt: Timeline, info: dict[str, Any]) -> None:
-    now = _now()
-    if attempt.current_phase == WAIT:
-        attempt.finish(WAIT, now)
-    attempt.begin(RECEIVE, now)
+    attempt.advance(RECEIVE)
     result = info.get("return_value")
     if not isinstance(result, tuple):
         return

@@ -340,11 +340,7 @@ def _response_begins(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     if attempt is None or attempt.current_phase == RECEIVE:
         return SKIP
     resp.__dict__[_ATTEMPT] = attempt  # first: from here on, the response's end ends it
-    now = _now()
-    current = attempt.current_phase
-    if current in (SEND, WAIT):
-        attempt.finish(current, now)
-    attempt.begin(RECEIVE, now)
+    attempt.advance(RECEIVE)
     return attempt, resp  # __init__ then reads the whole body if preload_content
 
 
@@ -436,7 +432,5 @@ def _send_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
 
 
 def _sent(attempt: Timeline, result: Any) -> Any:
-    now = _now()
-    attempt.finish(SEND, now)
-    attempt.begin(WAIT, now)
+    attempt.advance(WAIT)
     return result
