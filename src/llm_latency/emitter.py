@@ -25,6 +25,7 @@ from llm_latency import semconv as sc
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
+from llm_latency.pools import PoolMetrics
 from llm_latency.setup import tracer_provider_is_set
 from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import PHASE_NAMES, WAIT, Timeline
@@ -68,6 +69,7 @@ class Emitter:
         # Attempts started and not yet ended: ended by finish_all() when the plugin is
         # uninstrumented, since the hooks that would end them are gone then.
         self._open: set[Timeline] = set()
+        self.pools = PoolMetrics(meter, self._in_flight, self.failed_once)
 
     # -- start --------------------------------------------------------------------------------
 
@@ -244,9 +246,20 @@ class Emitter:
         self.finish(timeline)
 
     def finish_all(self) -> None:
-        """End every attempt still open (at uninstrument: their end can no longer be seen)."""
+        """End every attempt still open, and stop watching the pools (at uninstrument: what
+        happens next can no longer be seen)."""
         for timeline in list(self._open):
             self.finish(timeline)
+        self.pools.forget()
+
+    def _in_flight(self) -> list[Timeline]:
+        """The attempts in flight (read when the SDK collects, from another thread)."""
+        for _ in range(3):
+            try:
+                return list(self._open)
+            except RuntimeError:  # the set changed during the copy
+                continue
+        return []
 
     def _emit(self, tl: Timeline) -> None:
         span: Span | None = tl.span

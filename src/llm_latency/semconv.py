@@ -11,8 +11,17 @@ from typing import Final
 from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
     GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
 )
+from opentelemetry.semconv._incubating.attributes.http_attributes import (
+    HTTP_CONNECTION_STATE,
+    HttpConnectionStateValues,
+)
 from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
     GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+)
+from opentelemetry.semconv._incubating.metrics.http_metrics import (
+    HTTP_CLIENT_ACTIVE_REQUESTS,
+    HTTP_CLIENT_CONNECTION_DURATION,
+    HTTP_CLIENT_OPEN_CONNECTIONS,
 )
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.http_attributes import (
@@ -32,7 +41,11 @@ __all__ = [
     "ERROR_TYPE",
     "GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK",
     "GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK",
+    "HTTP_CLIENT_ACTIVE_REQUESTS",
+    "HTTP_CLIENT_CONNECTION_DURATION",
+    "HTTP_CLIENT_OPEN_CONNECTIONS",
     "HTTP_CLIENT_REQUEST_DURATION",
+    "HTTP_CONNECTION_STATE",
     "HTTP_REQUEST_METHOD",
     "HTTP_REQUEST_METHOD_ORIGINAL",
     "HTTP_REQUEST_RESEND_COUNT",
@@ -41,6 +54,7 @@ __all__ = [
     "SERVER_ADDRESS",
     "SERVER_PORT",
     "URL_FULL",
+    "HttpConnectionStateValues",
 ]
 
 #: The instrumentation scope of every span and metric (dashboards filter on it).
@@ -73,11 +87,20 @@ RETRIES: Final = "llm_latency.retries"
 RATE_LIMITED: Final = "llm_latency.rate_limited"
 CONNECTIONS: Final = "llm_latency.connections"
 RATELIMIT_REMAINING: Final = "llm_latency.ratelimit.remaining"
+POOL_LIMIT: Final = "llm_latency.pool.limit"
+POOL_WAITING: Final = "llm_latency.pool.waiting"
 
 #: Histogram buckets (s) that reach LLM durations, not only the 10 s of the HTTP defaults.
 DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0,
+)  # fmt: skip
+
+#: Connection lifetime buckets (s): from a connection closed after one request to hours of
+#: keep-alive.
+CONNECTION_DURATION_BUCKETS: Final[tuple[float, ...]] = (
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+    7200.0,
 )  # fmt: skip
 
 KNOWN_METHODS: Final = frozenset(

@@ -17,10 +17,14 @@ degrades on its own when aiohttp changes, see ``_patching``):
 - ``receive``: from the headers until the body's EOF reaches the response's ``StreamReader``
   (however the program consumes it), or until the response is released or closed, or the
   connection fails. Chunk arrival times come from ``StreamReader.feed_data``.
+
+The connection pool (``pools``): a connection opens at the end of ``_wrap_create_connection``
+and closes at ``ResponseHandler.connection_lost``; the connector is read when the SDK collects.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextvars import ContextVar
 from functools import partial
 from typing import Any, Final
@@ -30,6 +34,7 @@ from aiohttp.client_exceptions import ClientConnectionError
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import is_ip_literal
 from llm_latency.emitter import Emitter
+from llm_latency.pools import ConnectionLifetimes, HostPort, PoolRow
 from llm_latency.sse import SSECounter
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import (
@@ -153,10 +158,11 @@ class AiohttpAdapter:
         )
         p.group("the dns phase", [(_TCP_CONNECTOR, "_resolve_host", phase_hook(DNS, _resolving))])
         p.group(
-            "the connect and tls phases",
+            "the connect and tls phases, and the connection pool",
             [
-                (_TCP_CONNECTOR, "_wrap_create_connection", Hook(_connecting, _connected)),
+                (_TCP_CONNECTOR, "_wrap_create_connection", Hook(_connecting, self._connected)),
                 ("aiohappyeyeballs", "start_connection", Hook(_tcp_connecting, _tcp_connected)),
+                (_PROTOCOL, "connection_lost", Hook(self._connection_lost)),
             ],
         )
         p.group("connection reuse", [(_BASE_CONNECTOR, "_get", Hook(_found, _pooled))])
@@ -279,6 +285,26 @@ class AiohttpAdapter:
                 attempt.fail(ClientConnectionError("Connection closed"))
             self._emitter.finish(attempt)
 
+    # -- the connection pool ------------------------------------------------------------------
+
+    def _connected(self, state: tuple[Timeline | None, Any, Any], result: Any) -> Any:
+        attempt, connector, req = state
+        if attempt is not None:
+            current = attempt.current_phase
+            if current in (TLS, CONNECT):
+                attempt.finish(current)
+        if req is not None:
+            key = req.connection_key
+            pools = self._emitter.pools
+            pools.lifetimes.opened(result[1], key.host, key.port)
+            pools.watch(connector, _read_connector)
+        return result
+
+    def _connection_lost(
+        self, protocol: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        self._emitter.pools.lifetimes.closed(protocol)
+
     def _body_fails(self, stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         attempt = _streams.pop(stream, None)
         if attempt is not None:
@@ -323,19 +349,11 @@ def _resolving(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _connecting(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call = _call.get()
     attempt = None if call is None else call.attempt
-    if call is None or attempt is None:
-        return SKIP
-    call.tls_expected = bool(kwargs.get("ssl"))
-    # Another address after a failed one: the phase goes on from its first start.
-    attempt.resume(CONNECT)
-    return attempt
-
-
-def _connected(attempt: Timeline, result: Any) -> Any:
-    current = attempt.current_phase
-    if current in (TLS, CONNECT):
-        attempt.finish(current)
-    return result
+    if call is not None and attempt is not None:
+        call.tls_expected = bool(kwargs.get("ssl"))
+        # Another address after a failed one: the phase goes on from its first start.
+        attempt.resume(CONNECT)
+    return attempt, conn, kwargs.get("req")
 
 
 def _tcp_connecting(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -383,6 +401,26 @@ def _chunk(stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         data = args[0] if args else kwargs["data"]
         if data:
             attempt.chunk(data)
+
+
+def _read_connector(connector: Any, lifetimes: ConnectionLifetimes) -> Iterator[PoolRow]:
+    """One ``BaseConnector``'s connections per host: idle ones wait in ``_conns`` (by
+    connection key), active ones are in ``_acquired`` (their host is the one they opened to)."""
+    if connector.closed:
+        return
+    limits = [n for n in (connector.limit, connector.limit_per_host) if n]
+    limit = min(limits) if limits else None
+    rows: dict[HostPort, list[int]] = {}
+    for key, entries in list(connector._conns.items()):
+        idle = sum(1 for proto, _ in list(entries) if lifetimes.is_open(proto))
+        if idle:
+            rows.setdefault((key.host, key.port), [0, 0])[1] += idle
+    for proto in list(connector._acquired):
+        host = lifetimes.host_of(proto)  # None for the placeholder of a connection being opened
+        if host is not None:
+            rows.setdefault(host, [0, 0])[0] += 1
+    for host, (active, idle) in rows.items():
+        yield host, active, idle, limit
 
 
 def _request_sent(attempt: Timeline) -> None:

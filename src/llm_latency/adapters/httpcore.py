@@ -18,16 +18,22 @@ How each phase is observed (hooks are on classes, so clients and transports crea
 - ``receive``: from the headers until the response stream is exhausted or closed. httpcore reads
   the socket only when the program reads the body, so chunk times are the times the program
   received them.
+
+The connection pool (``pools``): a pool is read when the SDK collects, from its first
+``create_connection``; an HTTP/1.1 connection opens when ``HTTP11Connection`` is built on its
+network stream and closes at its ``close``/``aclose``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Any
 
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.emitter import Emitter
+from llm_latency.pools import ConnectionLifetimes, HostPort, PoolMetrics, PoolRow, limit_or_none
 from llm_latency.sse import SSECounter
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline
@@ -286,8 +292,27 @@ class HttpcoreAdapter:
                 (f"{module}._async.connection_pool:AsyncPoolRequest", "wait_for_connection", queue),
             ],
         )
+        self._install_pool_hooks()
         self.lost.extend(resolver_hooks.acquire(self._emitter.failed_once))
         self._resolver_acquired = True
+
+    def _install_pool_hooks(self) -> None:
+        module = self._module
+        lifetimes = self._emitter.pools.lifetimes
+        opened = Hook(partial(_connection_opened, lifetimes))
+        closed = Hook(partial(_connection_closed, lifetimes))
+        watch = Hook(partial(_watch_pool, self._emitter.pools))
+        self._patches.group(
+            "the connection pool",
+            [
+                (f"{module}:ConnectionPool", "create_connection", watch),
+                (f"{module}:AsyncConnectionPool", "create_connection", watch),
+                (f"{module}._sync.http11:HTTP11Connection", "__init__", opened),
+                (f"{module}._sync.http11:HTTP11Connection", "close", closed),
+                (f"{module}._async.http11:AsyncHTTP11Connection", "__init__", opened),
+                (f"{module}._async.http11:AsyncHTTP11Connection", "aclose", closed),
+            ],
+        )
 
     def uninstall(self) -> None:
         """Undo every hook. Responses in flight still end when they are closed."""
@@ -368,6 +393,48 @@ def _queued_attempt(
         return None
     trace = pool_request.request.extensions.get("trace")
     return trace.attempt if isinstance(trace, _SyncTrace) else None
+
+
+# -- the connection pool ---------------------------------------------------------------------
+
+
+def _watch_pool(
+    pools: PoolMetrics, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    pools.watch(pool, _read_pool)
+    return SKIP
+
+
+def _connection_opened(
+    lifetimes: ConnectionLifetimes, connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """An HTTP/1.1 or HTTP/2 connection is built on a network stream that is up (TCP, TLS)."""
+    origin = args[0] if args else kwargs["origin"]
+    lifetimes.opened(connection, origin.host.decode("ascii", "replace"), origin.port)
+    return SKIP
+
+
+def _connection_closed(
+    lifetimes: ConnectionLifetimes, connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    lifetimes.closed(connection)
+    return SKIP
+
+
+def _read_pool(pool: Any, lifetimes: ConnectionLifetimes) -> Iterator[PoolRow]:
+    """One pool's connections per host. Each pooled ``HTTPConnection`` wraps the HTTP/1.1
+    connection once it is established (``_connection``; HTTP/2 ones are not tracked yet);
+    ``max_connections`` bounds the whole pool, so it is each host's limit."""
+    limit = limit_or_none(pool._max_connections)
+    rows: dict[HostPort, list[int]] = {}
+    for connection in list(pool._connections):
+        established = getattr(connection, "_connection", None)
+        host = None if established is None else lifetimes.host_of(established)
+        if host is None or connection.is_closed():
+            continue
+        rows.setdefault(host, [0, 0])[1 if connection.is_idle() else 0] += 1
+    for host, (active, idle) in rows.items():
+        yield host, active, idle, limit
 
 
 class HttpxAdapter(HttpcoreAdapter):

@@ -17,6 +17,10 @@ How each phase is observed (hooks on urllib3's classes; each group degrades on i
   the response is closed (by the program, or when it is garbage-collected) or drained, or
   reading fails. Like httpcore, urllib3 reads the socket
   when the program reads the body, so chunk times are the times the program received them.
+
+The connection pool (``pools``): a pool is read when the SDK collects, from the first connection
+object it makes (``_new_conn``); a connection opens at the end of ``HTTPConnection.connect``
+and closes at ``close``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import weakref
+from collections.abc import Iterator
 from contextvars import ContextVar
+from functools import partial
 from types import CodeType, FrameType
 from typing import Any, Final
 
@@ -42,6 +49,7 @@ from llm_latency.adapters._patching import (
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
+from llm_latency.pools import ConnectionLifetimes, PoolMetrics, PoolRow
 from llm_latency.sse import SSECounter
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, _now
@@ -51,7 +59,11 @@ _CATCHING: Final = "_llm_latency_catching"
 _RELEASED: Final = "_llm_latency_released"
 
 _POOL: Final = "urllib3.connectionpool:HTTPConnectionPool"
+_HTTPS_POOL: Final = "urllib3.connectionpool:HTTPSConnectionPool"
 _CONNECTION: Final = "urllib3.connection:HTTPConnection"
+_HTTPS_CONNECTION: Final = "urllib3.connection:HTTPSConnection"
+#: The connections a pool made (a weak set on the pool), to tell its checked-out ones.
+_CONNECTIONS: Final = "_llm_latency_connections"
 _RESPONSE: Final = "urllib3.response:HTTPResponse"
 _TLS_MODULE: Final = "urllib3.connection"
 #: Where body bytes come from: plain and length-delimited reads, and chunked ones.
@@ -151,6 +163,19 @@ class RequestsAdapter:
             ],
         )
         p.group("the send and wait phases", [(_CONNECTION, "request", Hook(_send_begins, _sent))])
+        pools = self._emitter.pools
+        made = Hook(_itself, partial(_connection_made, pools))
+        opened = Hook(_itself, partial(_connection_opened, pools.lifetimes))
+        p.group(
+            "the connection pool",
+            [
+                (_POOL, "_new_conn", made),
+                (_HTTPS_POOL, "_new_conn", made),
+                (_CONNECTION, "connect", opened),
+                (_HTTPS_CONNECTION, "connect", opened),
+                (_CONNECTION, "close", Hook(partial(_connection_closed, pools.lifetimes))),
+            ],
+        )
         chunk = Tap(_chunk_read)
         p.group(
             "body chunk times",
@@ -388,6 +413,55 @@ def _queued(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Timelin
     if attempt is None or not pool.block or pool.pool is None or not pool.pool.empty():
         return None
     return attempt
+
+
+# -- the connection pool ---------------------------------------------------------------------
+
+
+def _itself(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return instance
+
+
+def _connection_made(pools: PoolMetrics, pool: Any, connection: Any) -> Any:
+    """``pool`` made a connection object (it connects when first used)."""
+    members = pool.__dict__.get(_CONNECTIONS)
+    if members is None:
+        members = pool.__dict__.setdefault(_CONNECTIONS, weakref.WeakSet())
+        pools.watch(pool, _read_pool)
+    members.add(connection)
+    return connection
+
+
+def _connection_opened(lifetimes: ConnectionLifetimes, connection: Any, result: Any) -> Any:
+    lifetimes.opened(connection, connection.host, connection.port)
+    return result
+
+
+def _connection_closed(
+    lifetimes: ConnectionLifetimes, connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    lifetimes.closed(connection)
+    return SKIP
+
+
+def _read_pool(pool: Any, lifetimes: ConnectionLifetimes) -> Iterator[PoolRow]:
+    """One pool (one host): its idle connections wait in its queue; the open ones it made that
+    are not there are checked out, so active. Its ``maxsize`` limits the connections only when
+    it blocks (``pool_block=True``); otherwise more are opened, and closed after use."""
+    queue = pool.pool
+    members = pool.__dict__.get(_CONNECTIONS)
+    if queue is None or members is None:  # closed, or never connected
+        return
+    waiting = {id(connection) for connection in list(queue.queue) if connection is not None}
+    active = idle = 0
+    for connection in list(members):
+        if lifetimes.is_open(connection):
+            if id(connection) in waiting:
+                idle += 1
+            else:
+                active += 1
+    if active or idle:
+        yield (pool.host, pool.port), active, idle, queue.maxsize if pool.block else None
 
 
 def _connect_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
