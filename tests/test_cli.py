@@ -228,6 +228,11 @@ def test_demo_prints_every_scene() -> None:
     assert out.count("→ ") == 6
     for phase in ("dns", "connect", "tls", "queue", "wait", "receive", "retry.backoff"):
         assert phase in out
+    # The burst scene shows the pool filling to its limit and draining.
+    words = " ".join(out.split())
+    assert "the pool to the host over time" in words
+    assert "The pool filled (2 of 2 connections active) while 6 requests waited" in words
+    assert "then drained to 2 idle connections kept alive, and to none" in words
     assert "Traceback" not in result.stderr
 
 

@@ -125,7 +125,7 @@ def probe(
     names = shown(urls)  # what the report calls each URL: redacted
     runs: dict[str, list[RequestResult]] = {}
     failures: list[str] = []
-    with scrubbed_logging(urls), instrumented("llm-latency-probe", [client]) as collector:
+    with scrubbed_logging(urls), instrumented("llm-latency-probe", [client]) as (collector, _):
         for url, request in requests_to_send.items():
             results, errors = asyncio.run(probe_url(url, request, client, options, collector))
             runs[names[url]] = results

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from rich.console import Console
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 import llm_latency
 from llm_latency.cli.dns_server import LocalDNS
 from llm_latency.cli.mock_server import Profile, running
+from llm_latency.cli.pool_view import pool_table, watching
 from llm_latency.cli.render import ms, summary_table, waterfall
 from llm_latency.cli.results import RequestResult, SpanCollector, summarize, to_results
 from llm_latency.cli.telemetry import instrumented, otlp_endpoint
@@ -35,6 +37,7 @@ class Scene:
     title: str
     results: list[RequestResult]
     closing: str
+    extra: RenderableType | None = None
 
 
 class Demo:
@@ -47,6 +50,7 @@ class Demo:
         dns: LocalDNS,
         ssl_context: ssl.SSLContext,
         collector: SpanCollector,
+        metrics: InMemoryMetricReader,
         progress: Progress,
     ) -> None:
         self.console = console
@@ -54,6 +58,7 @@ class Demo:
         self.dns = dns
         self.ssl_context = ssl_context
         self.collector = collector
+        self.metrics = metrics
         self.progress = progress
 
     def session(self, **connector: Any) -> tuple[aiohttp.ClientSession, aiohttp.AsyncResolver]:
@@ -143,21 +148,34 @@ class Demo:
         ]
 
     async def burst(self) -> list[Scene]:
-        session, resolver = self.session(limit_per_host=2)
-        async with session:
-            await self.steps(
-                "8 at once, limit_per_host=2", 8, lambda: self.post(session), concurrent=True
-            )
-        await resolver.close()
+        async with watching(self.metrics, HOST) as pool:
+            session, resolver = self.session(limit_per_host=2)
+            async with session:
+                await self.steps(
+                    "8 at once, limit_per_host=2", 8, lambda: self.post(session), concurrent=True
+                )
+                await asyncio.sleep(0.1)  # the pool drained, its connections kept alive
+                kept = pool.states[-1].idle if pool.states else 0
+            await resolver.close()
+            await asyncio.sleep(0.1)  # the connections close
         results = self.take()
         queued = [r.phases["queue"] for r in results if "queue" in r.phases]
         longest = max(queued, default=0.0)
+        peak = max(pool.states, key=lambda s: (s.active, s.waiting), default=None)
+        filled = (
+            f"The pool filled ({peak.active} of {peak.limit} connections active) while "
+            f"{max(s.waiting for s in pool.states)} requests waited, then drained to {kept} "
+            "idle connections kept alive, and to none when the session closed. "
+            if peak is not None and peak.limit
+            else ""
+        )
         return [
             Scene(
                 "3. A burst of 8 with limit_per_host=2: the pool makes them queue",
                 results,
-                f"{len(queued)} of {len(results)} requests waited in http.queue, up to "
-                f"{ms(longest)}: that time is the client's pool, not the model.",
+                f"{filled}{len(queued)} of {len(results)} requests waited in http.queue, up "
+                f"to {ms(longest)}: that time is the client's pool, not the model.",
+                pool_table(pool.states),
             )
         ]
 
@@ -188,6 +206,8 @@ class Demo:
 def _print_scene(console: Console, scene: Scene) -> None:
     waterfall(console, scene.results, scene.title, rate_limits=False)
     console.print(summary_table(summarize(scene.results)))
+    if scene.extra is not None:
+        console.print(scene.extra)
     console.print(f"[bold green]→ {scene.closing}[/bold green]")
 
 
@@ -206,7 +226,7 @@ async def run(console: Console) -> None:
                 "tokens/s), called through aiohttp instrumented by llm-latency."
             )
             with (
-                instrumented("llm-latency-demo", ["aiohttp"]) as collector,
+                instrumented("llm-latency-demo", ["aiohttp"]) as (collector, metrics),
                 Progress(
                     TextColumn("{task.description}"),
                     BarColumn(),
@@ -215,7 +235,7 @@ async def run(console: Console) -> None:
                     transient=True,
                 ) as progress,
             ):
-                demo = Demo(console, url, dns, context, collector, progress)
+                demo = Demo(console, url, dns, context, collector, metrics, progress)
                 scenes = [
                     *await demo.fresh_vs_pooled(),
                     *await demo.streaming(),

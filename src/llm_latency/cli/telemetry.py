@@ -7,9 +7,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -26,14 +31,23 @@ def otlp_endpoint() -> str | None:
     )
 
 
+class Collected(NamedTuple):
+    """What the CLI reads back: the spans, and the metrics on demand."""
+
+    spans: SpanCollector
+    metrics: InMemoryMetricReader
+
+
 @contextmanager
-def instrumented(service: str, clients: list[str]) -> Iterator[SpanCollector]:
-    """Instrument ``clients`` for the duration; yield the in-memory span collector."""
+def instrumented(service: str, clients: list[str]) -> Iterator[Collected]:
+    """Instrument ``clients`` for the duration; yield the in-memory span collector and a
+    metric reader to collect from."""
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
     tracer_provider = TracerProvider(resource=resource)
     collector = SpanCollector()
     tracer_provider.add_span_processor(collector)
-    readers: list[MetricReader] = []
+    in_memory = InMemoryMetricReader()
+    readers: list[MetricReader] = [in_memory]
     if otlp_endpoint():
         for spans_out in span_exporters(["otlp"]):
             tracer_provider.add_span_processor(BatchSpanProcessor(spans_out))
@@ -50,7 +64,7 @@ def instrumented(service: str, clients: list[str]) -> Iterator[SpanCollector]:
         configure=False,
     )
     try:
-        yield collector
+        yield Collected(collector, in_memory)
     finally:
         llm_latency.uninstrument()
         tracer_provider.shutdown()
