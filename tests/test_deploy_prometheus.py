@@ -221,10 +221,10 @@ def test_alerts_are_taken_apart_into_their_series() -> None:
     for query, promql in CHECKS:
         if query.alert:
             by_alert.setdefault(query.where, []).append(promql)
-    assert len(by_alert) == 8
+    assert len(by_alert) == 9
     for parts in by_alert.values():
         for part in parts:
-            assert not part.endswith(("> 30", "> 10", "> 0.5", "< 5", "== 0")), part
+            assert not part.endswith(("> 30", "> 10", "> 0.5", "< 5", "== 0", "> 0")), part
     # "A unless B" is checked on A: the jobs remembered for a day (no absent() branch).
     assert by_alert["alert LLMNoRequests"] == [
         "group by (job)(last_over_time("
@@ -232,6 +232,11 @@ def test_alerts_are_taken_apart_into_their_series() -> None:
     ]
     assert len(by_alert["alert LLMNewConnectionShareHigh"]) == 2
     assert len(by_alert["alert LLMRateLimitNearZero"]) == 2
+    # "waiting > 0 and on (...) live > 0": the waiting requests, and the live instances' attempts.
+    assert by_alert["alert LLMConnectionPoolSaturated"] == [
+        "sum by (job, instance, server_address, server_port)(llm_latency_pool_waiting{})",
+        'increase(http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}[5m])',
+    ]
 
 
 @pytest.mark.parametrize(("query", "promql"), CHECKS, ids=[check_id(i) for i in range(len(CHECKS))])
@@ -285,6 +290,6 @@ def test_prometheus_evaluates_every_rule_without_error(
 ) -> None:
     groups = prometheus.get("/api/v1/rules")["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 8
+    assert len(rules) == 9
     for rule in rules:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
