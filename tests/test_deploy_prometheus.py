@@ -285,6 +285,40 @@ def test_the_workload_exports_the_names_the_collector_exports(
     assert sorted(float(b) for b in buckets) == [*DURATION_BUCKETS, float("inf")]
 
 
+def test_the_workload_exports_the_connection_pool_metrics(
+    prometheus: Prometheus, answers: dict[str, list[Any]]
+) -> None:
+    """Issue 12's connection-pool metrics, named as the collector exports them, with their
+    labels; the workload's pool is aiohttp's TCPConnector(limit=1), one at a time."""
+    names = set(prometheus.get("/api/v1/label/__name__/values")["data"])
+    expected = {
+        "http_client_open_connections",
+        "http_client_active_requests",
+        "llm_latency_pool_waiting",
+        "llm_latency_pool_limit",
+    }
+    expected |= {
+        f"http_client_connection_duration_seconds_{suffix}" for suffix in ("bucket", "sum", "count")
+    }
+    assert expected <= names, sorted(expected - names)
+    for name in expected:
+        for series in prometheus.query(f"last_over_time({name}[5m])"):
+            labels = series["metric"]
+            assert labels["server_address"] == WORKLOAD_HOST, (name, labels)
+            assert {"job", "server_port"} <= set(labels), (name, labels)
+    states = {
+        series["metric"]["http_connection_state"]
+        for series in prometheus.query("last_over_time(http_client_open_connections[5m])")
+    }
+    assert "active" in states and states <= {"active", "idle"}, states
+    (limit,) = prometheus.query(
+        f'min_over_time(llm_latency_pool_limit{{server_address="{WORKLOAD_HOST}"}}[5m])'
+    )
+    assert float(limit["value"][1]) == 1.0
+    (closed,) = prometheus.query("sum(http_client_connection_duration_seconds_count)")
+    assert float(closed["value"][1]) > 0  # each round's session closes its connection
+
+
 def test_prometheus_evaluates_every_rule_without_error(
     prometheus: Prometheus, answers: dict[str, list[Any]]
 ) -> None:
