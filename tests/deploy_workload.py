@@ -141,11 +141,25 @@ def _walk(node: Any) -> Iterator[dict[str, Any]]:
             yield from _walk(value)
 
 
+def dashboard_panels(dashboard: dict[str, Any], rows: bool = False) -> list[dict[str, Any]]:
+    """The dashboard's panels, those inside a collapsed row included; the rows themselves (which
+    only group panels: no query, no link) only with ``rows``."""
+    panels = []
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            panels.append(panel)
+            continue
+        if rows:
+            panels.append(panel)
+        panels += panel.get("panels", [])
+    return panels
+
+
 def dashboard_queries() -> list[Query]:
     """The panels' PromQL targets, and the metric selectors of the label_values() variables."""
     dashboard = json.loads(DASHBOARD.read_text())
     queries = []
-    for panel in dashboard["panels"]:
+    for panel in dashboard_panels(dashboard):
         for target in panel.get("targets", []):
             where = f"dashboard panel {panel['title']!r} target {target['refId']}"
             queries.append(Query(where, target["expr"]))

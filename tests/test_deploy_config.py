@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from llm_latency.semconv import DURATION_BUCKETS
+from llm_latency.timeline import PHASE_NAMES
 from tests.deploy_workload import (
     ALERTMANAGER_CONFIG,
     COLLECTOR_CONFIG,
@@ -40,6 +41,7 @@ from tests.deploy_workload import (
     Query,
     alert_rules,
     all_queries,
+    dashboard_panels,
     load_yaml,
     tool,
 )
@@ -206,6 +208,55 @@ def test_every_promql_expression_parses(query: Query) -> None:
     promql_parser.parse(query.promql)
 
 
+#: The metrics of the contract (README, "Metrics"), as the collector's prometheus exporter names
+#: them: the histograms (each with _bucket, _sum and _count), the counters, the gauges.
+CONTRACT_HISTOGRAMS = (
+    "http_client_request_duration_seconds",
+    "llm_latency_phase_duration_seconds",
+    "llm_latency_server_processing_time_seconds",
+    "gen_ai_client_operation_time_to_first_chunk_seconds",
+    "http_client_connection_duration_seconds",
+)
+CONTRACT_METRICS = {
+    f"{histogram}_{suffix}"
+    for histogram in CONTRACT_HISTOGRAMS
+    for suffix in ("bucket", "sum", "count")
+} | {
+    "llm_latency_retries_total",
+    "llm_latency_rate_limited_total",
+    "llm_latency_connections_total",
+    "llm_latency_ratelimit_remaining",
+    "http_client_open_connections",
+    "http_client_active_requests",
+    "llm_latency_pool_waiting",
+    "llm_latency_pool_limit",
+}
+
+#: The metrics with semantic-convention names, which other instrumentations (and the bundle's own
+#: components) may record too.
+SEMANTIC_CONVENTION_METRICS = (
+    "http_client_request_duration_seconds",
+    "gen_ai_client_operation_time_to_first_chunk_seconds",
+    "http_client_connection_duration_seconds",
+    "http_client_open_connections",
+    "http_client_active_requests",
+)
+
+
+def selected_metrics(query: Query) -> set[str]:
+    """The metric names a query selects (promql-parser AST: every vector selector)."""
+    import promql_parser
+
+    names: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            names.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(query.promql), visit)
+    return names
+
+
 def test_the_queries_cover_every_metric_of_the_contract() -> None:
     text = " ".join(q.expr for q in all_queries())
     for name in (
@@ -217,21 +268,48 @@ def test_the_queries_cover_every_metric_of_the_contract() -> None:
         "llm_latency_rate_limited_total",
         "llm_latency_connections_total",
         "llm_latency_ratelimit_remaining",
+        "http_client_open_connections",
+        "http_client_active_requests",
+        "llm_latency_pool_waiting",
+        "llm_latency_pool_limit",
+        "http_client_connection_duration_seconds_bucket",
     ):
         assert name in text, name
 
 
-def test_semantic_convention_metrics_are_selected_by_llm_latency_scope() -> None:
-    """http.client.request.duration and gen_ai.client.operation.time_to_first_chunk have names
-    other instrumentations (and the bundle's own components) record too: every query selects
-    llm-latency's by instrumentation scope."""
-    shared = r"(?:http_client_request_duration|gen_ai_client_operation_time_to_first_chunk)_seconds"
+def test_the_queries_select_only_metrics_of_the_contract() -> None:
+    """A misspelt name returns no data and raises no error: every metric a query selects is one
+    the program exports."""
     for query in all_queries():
-        for match in re.finditer(shared + r"_\w+(\{[^}]*\})?", query.expr):
+        unknown = selected_metrics(query) - CONTRACT_METRICS
+        assert not unknown, (query.where, sorted(unknown))
+
+
+def test_the_queries_select_only_phases_of_the_program() -> None:
+    """llm_latency_phase values are the bare phase names ("queue"), not the span names
+    ("http.queue"): a wrong value returns no data."""
+    for query in all_queries():
+        for match in re.finditer(r'llm_latency_phase(=~|=)"([^"]*)"', query.expr):
+            phases = match.group(2).split("|") if match.group(1) == "=~" else [match.group(2)]
+            assert set(phases) <= set(PHASE_NAMES), (query.where, match.group(0))
+
+
+def test_semantic_convention_metrics_are_selected_by_llm_latency_scope() -> None:
+    """http.client.request.duration, gen_ai.client.operation.time_to_first_chunk and the
+    connection metrics (http.client.open_connections, .active_requests, .connection.duration)
+    have names other instrumentations (and the bundle's own components) record too: every query
+    selects llm-latency's by instrumentation scope."""
+    shared = "|".join(SEMANTIC_CONVENTION_METRICS)
+    selector = rf"\b(?:{shared})(?:_bucket|_sum|_count)?\b(\{{[^}}]*\}})?"
+    found = set()
+    for query in all_queries():
+        for match in re.finditer(selector, query.expr):
+            found.add(match.group(0).split("{")[0])
             assert match.group(1) and 'otel_scope_name="llm_latency"' in match.group(1), (
                 query.where,
                 match.group(0),
             )
+    assert {"http_client_open_connections", "http_client_active_requests"} <= found
 
 
 # -- Grafana ---------------------------------------------------------------------------------
@@ -301,7 +379,7 @@ def test_dashboard_is_provisioned_where_compose_mounts_it() -> None:
 def test_dashboard_has_the_panels_of_the_issue() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["title"] == "Where LLM latency goes"
-    titles = [panel["title"] for panel in dashboard["panels"]]
+    titles = [panel["title"] for panel in dashboard_panels(dashboard)]
     for wanted in (
         "Time per phase, p50 (stacked)",
         "Time per phase, p95 (stacked)",
@@ -313,21 +391,108 @@ def test_dashboard_has_the_panels_of_the_issue() -> None:
         "Slowest hosts (over the time range)",
     ):
         assert wanted in titles
-    for panel in dashboard["panels"]:
+    for panel in dashboard_panels(dashboard):
         if panel["title"].startswith("Time per phase"):
             assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
-    (overhead,) = [p for p in dashboard["panels"] if p["title"].startswith("Wait vs")]
+    (overhead,) = [p for p in dashboard_panels(dashboard) if p["title"].startswith("Wait vs")]
     wait, processing, difference = (t["expr"] for t in overhead["targets"])
     assert "_sum" in wait and "_count" in wait and 'llm_latency_phase="wait"' in wait
     assert "llm_latency_server_processing_time_seconds_sum" in processing
     assert difference == f"({wait}) - ({processing})"
 
 
+def row_panels(dashboard: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels of the row ``title``: inside it if it is collapsed, else those below it down
+    to the next row."""
+    panels = dashboard["panels"]
+    (index,) = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title]
+    if panels[index]["collapsed"]:
+        return list(panels[index]["panels"])
+    following = []
+    for panel in panels[index + 1 :]:
+        if panel["type"] == "row":
+            break
+        following.append(panel)
+    return following
+
+
+def test_dashboard_has_the_connection_pool_row() -> None:
+    """Issue 12: per host, active, idle and waiting against the limit (dashed); the lifetime of
+    connections; the time spent in the queue."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = {panel["title"]: panel for panel in row_panels(dashboard, "Connection pool")}
+    assert set(panels) == {
+        "Connection pool to $server",
+        "Connection lifetime (closed connections)",
+        "Queue time (waiting for a connection)",
+    }
+
+    pool = panels["Connection pool to $server"]
+    assert pool["repeat"] == "server"  # one panel per host
+    exprs = {target["refId"]: target["expr"] for target in pool["targets"]}
+    wanted = {
+        "http_client_open_connections": (
+            'http_connection_state="active"',
+            'http_connection_state="idle"',
+        ),
+        "llm_latency_pool_waiting": ("",),
+        "llm_latency_pool_limit": ("",),
+        "http_client_active_requests": ("",),
+    }
+    for metric, matchers in wanted.items():
+        for matcher in matchers:
+            assert [e for e in exprs.values() if f"{metric}{{" in e and matcher in e], metric
+    (limit,) = [ref for ref, expr in exprs.items() if "llm_latency_pool_limit" in expr]
+    (override,) = [o for o in pool["fieldConfig"]["overrides"] if o["matcher"]["options"] == limit]
+    properties = {p["id"]: p["value"] for p in override["properties"]}
+    assert properties["custom.lineStyle"]["fill"] == "dash"
+    assert pool["fieldConfig"]["defaults"]["unit"] == "short"
+
+    for title, metric in (
+        ("Connection lifetime (closed connections)", "http_client_connection_duration_seconds"),
+        ("Queue time (waiting for a connection)", "llm_latency_phase_duration_seconds"),
+    ):
+        panel = panels[title]
+        assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+        quantiles = [t["expr"] for t in panel["targets"] if "histogram_quantile" in t["expr"]]
+        assert [q.split(",")[0] for q in quantiles] == [
+            "histogram_quantile(0.5",
+            "histogram_quantile(0.95",
+        ], title
+        assert all(f"{metric}_bucket{{" in q for q in quantiles), title
+    queue = panels["Queue time (waiting for a connection)"]
+    assert all('llm_latency_phase="queue"' in t["expr"] for t in queue["targets"])
+
+
+#: The gauges of the connection pool: an instance that stopped keeps its last values in the
+#: collector for its metric_expiration (60 minutes).
+POOL_GAUGES = (
+    "http_client_open_connections",
+    "http_client_active_requests",
+    "llm_latency_pool_waiting",
+    "llm_latency_pool_limit",
+)
+LIVE_INSTANCES = (
+    "and on (job, instance, server_address) "
+    'increase(http_client_request_duration_seconds_count{otel_scope_name="llm_latency"'
+)
+
+
+def test_pool_gauges_count_only_instances_that_made_requests() -> None:
+    """A program that stopped with requests waiting would show them, and fire the alert, for an
+    hour: every query of a pool gauge keeps only the instances that finished an attempt to the
+    host lately."""
+    queries = [q for q in all_queries() if selected_metrics(q) & set(POOL_GAUGES)]
+    assert len(queries) >= 6  # the dashboard's five, the alert
+    for query in queries:
+        assert LIVE_INSTANCES in " ".join(query.expr.split()), query.where
+
+
 def test_every_dashboard_panel_links_to_the_traces_behind_it() -> None:
     """Each panel has data links to a Jaeger search (Explore on the Jaeger datasource, or the
     Jaeger UI); histogram panels over time also show exemplars, which open the trace."""
     dashboard = json.loads(DASHBOARD.read_text())
-    for panel in dashboard["panels"]:
+    for panel in dashboard_panels(dashboard):
         links = panel["fieldConfig"]["defaults"].get("links", []) + panel.get("links", [])
         to_jaeger = [
             link
@@ -692,5 +857,5 @@ def test_readme_gives_the_commands_urls_panels_and_alerts() -> None:
         "--version 4.11.1",
     ):
         assert text in readme, text
-    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+    for panel in dashboard_panels(json.loads(DASHBOARD.read_text()), rows=True):
         assert panel["title"] in readme, panel["title"]

@@ -221,10 +221,10 @@ def test_alerts_are_taken_apart_into_their_series() -> None:
     for query, promql in CHECKS:
         if query.alert:
             by_alert.setdefault(query.where, []).append(promql)
-    assert len(by_alert) == 8
+    assert len(by_alert) == 9
     for parts in by_alert.values():
         for part in parts:
-            assert not part.endswith(("> 30", "> 10", "> 0.5", "< 5", "== 0")), part
+            assert not part.endswith(("> 30", "> 10", "> 0.5", "< 5", "== 0", "> 0")), part
     # "A unless B" is checked on A: the jobs remembered for a day (no absent() branch).
     assert by_alert["alert LLMNoRequests"] == [
         "group by (job)(last_over_time("
@@ -232,6 +232,11 @@ def test_alerts_are_taken_apart_into_their_series() -> None:
     ]
     assert len(by_alert["alert LLMNewConnectionShareHigh"]) == 2
     assert len(by_alert["alert LLMRateLimitNearZero"]) == 2
+    # "waiting > 0 and on (...) live > 0": the waiting requests, and the live instances' attempts.
+    assert by_alert["alert LLMConnectionPoolSaturated"] == [
+        "sum by (job, instance, server_address, server_port)(llm_latency_pool_waiting{})",
+        'increase(http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}[5m])',
+    ]
 
 
 @pytest.mark.parametrize(("query", "promql"), CHECKS, ids=[check_id(i) for i in range(len(CHECKS))])
@@ -280,11 +285,45 @@ def test_the_workload_exports_the_names_the_collector_exports(
     assert sorted(float(b) for b in buckets) == [*DURATION_BUCKETS, float("inf")]
 
 
+def test_the_workload_exports_the_connection_pool_metrics(
+    prometheus: Prometheus, answers: dict[str, list[Any]]
+) -> None:
+    """Issue 12's connection-pool metrics, named as the collector exports them, with their
+    labels; the workload's pool is aiohttp's TCPConnector(limit=1), one at a time."""
+    names = set(prometheus.get("/api/v1/label/__name__/values")["data"])
+    expected = {
+        "http_client_open_connections",
+        "http_client_active_requests",
+        "llm_latency_pool_waiting",
+        "llm_latency_pool_limit",
+    }
+    expected |= {
+        f"http_client_connection_duration_seconds_{suffix}" for suffix in ("bucket", "sum", "count")
+    }
+    assert expected <= names, sorted(expected - names)
+    for name in expected:
+        for series in prometheus.query(f"last_over_time({name}[5m])"):
+            labels = series["metric"]
+            assert labels["server_address"] == WORKLOAD_HOST, (name, labels)
+            assert {"job", "server_port"} <= set(labels), (name, labels)
+    states = {
+        series["metric"]["http_connection_state"]
+        for series in prometheus.query("last_over_time(http_client_open_connections[5m])")
+    }
+    assert "active" in states and states <= {"active", "idle"}, states
+    (limit,) = prometheus.query(
+        f'min_over_time(llm_latency_pool_limit{{server_address="{WORKLOAD_HOST}"}}[5m])'
+    )
+    assert float(limit["value"][1]) == 1.0
+    (closed,) = prometheus.query("sum(http_client_connection_duration_seconds_count)")
+    assert float(closed["value"][1]) > 0  # each round's session closes its connection
+
+
 def test_prometheus_evaluates_every_rule_without_error(
     prometheus: Prometheus, answers: dict[str, list[Any]]
 ) -> None:
     groups = prometheus.get("/api/v1/rules")["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 8
+    assert len(rules) == 9
     for rule in rules:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
