@@ -568,6 +568,29 @@ def test_prometheus_exporters_expose_the_contract_names_with_exemplars() -> None
     assert "--enable-feature=exemplar-storage" in prometheus["command"]
 
 
+def test_prometheus_ingests_created_timestamps_which_come_in_the_protobuf_format() -> None:
+    """Prometheus starts a series at its first scraped value, so rate() and increase() never
+    count a counter's or histogram's first value (issue 12: a program's first 429, a whole short
+    run). The bundle's Prometheus stores a 0 at the created timestamp of each, which the
+    collector's exporter sends in the Prometheus protobuf format only (no OpenMetrics _created
+    lines): the feature flag makes PrometheusProto the first scrape protocol, and a
+    scrape_protocols setting, global or on the collector's job, must keep it first.
+    tests/test_deploy_created_timestamps.py shows the effect with a real Prometheus 3."""
+    command = load_yaml(COMPOSE_FILE)["services"]["prometheus"]["command"]
+    features = {
+        feature
+        for argument in command
+        if argument.startswith("--enable-feature=")
+        for feature in argument.split("=", 1)[1].split(",")
+    }
+    assert {"exemplar-storage", "created-timestamp-zero-ingestion"} <= features, command
+    config = load_yaml(PROMETHEUS_CONFIG)
+    (collector,) = [job for job in config["scrape_configs"] if job["job_name"] == "otel-collector"]
+    for settings in (config["global"], collector):
+        protocols = settings.get("scrape_protocols")
+        assert protocols is None or protocols[0] == "PrometheusProto", protocols
+
+
 def test_collector_sends_traces_to_jaeger_over_otlp() -> None:
     compose = load_yaml(COLLECTOR_CONFIG)
     assert compose["exporters"]["otlp_grpc/jaeger"]["endpoint"] == "jaeger:4317"
