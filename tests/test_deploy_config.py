@@ -10,9 +10,11 @@ test with a message saying how to install it, it is not skipped.
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import urllib.parse
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from tests.deploy_workload import (
     all_queries,
     dashboard_panels,
     load_yaml,
+    substitute,
     tool,
 )
 
@@ -526,6 +529,79 @@ def test_dashboard_links_name_jaegers_service_also_under_a_namespace() -> None:
         assert match is not None and match.group(1) == name, job
 
 
+#: Go's time.ParseDuration syntax, which Jaeger's query service parses minDuration with.
+GO_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+")
+
+
+def js_string(number: float) -> str:
+    """``String(number)`` in JavaScript (ECMAScript Number::toString), which is how Grafana
+    writes ``${__value.raw}`` into a link: the shortest digits that round-trip, in exponent
+    form below 1e-6 and from 1e21 on."""
+    if number == 0:
+        return "0"
+    sign = "-" if number < 0 else ""
+    _, digit_tuple, exponent = Decimal(repr(abs(number))).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    digits = "".join(map(str, digit_tuple))
+    k, n = len(digits), len(digit_tuple) + exponent  # value = 0.digits * 10**n
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * -n + digits
+    mantissa = digits[0] + ("." + digits[1:] if k > 1 else "")
+    return f"{sign}{mantissa}e{'+' if n > 0 else '-'}{abs(n - 1)}"
+
+
+def test_js_string_writes_numbers_as_javascript_does() -> None:
+    cases = {0.0: "0", 0.25: "0.25", 300.0: "300", 1e-6: "0.000001", 1e-7: "1e-7"}
+    cases |= {1.5e-7: "1.5e-7", 1e21: "1e+21", 123456789.5: "123456789.5", 2.5e-3: "0.0025"}
+    assert {number: js_string(number) for number in cases} == cases
+
+
+def prometheus_round(value: float, to_nearest: float) -> float:
+    """PromQL's round(value, to_nearest), as Prometheus computes it (funcRound)."""
+    inverse = 1.0 / to_nearest
+    return math.floor(value * inverse + 0.5) / inverse
+
+
+def test_dashboard_links_pass_jaeger_a_duration_it_parses() -> None:
+    """The links to the traces slower than a clicked quantile pass its value to Jaeger as
+    minDuration, ``${__value.raw}s``, which Jaeger parses with Go's time.ParseDuration: "2.5s"
+    works, "1e-7s" is refused. Grafana writes the raw value as JavaScript writes a number, in
+    exponent form below 1e-6, so each such panel rounds its quantiles to the microsecond in the
+    query (round(..., 0.000001)): a value is then 0 or at least 1e-6, written in plain digits.
+    (The program's buckets start at 5 ms, so p50 and p95 stay above 2.5 ms; finer buckets, from
+    a View of the user's, reach below 1 µs.) The value stays in seconds: the exemplars drawn on
+    the same axis are in seconds."""
+    import promql_parser
+
+    seconds = (0.0, 1e-7, 4.9e-7, 5e-7, 1.2e-6, 3.3e-5, 0.0025, 0.25, 2.5, 300.0, 86400.5)
+    linked = 0
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        links = panel["fieldConfig"]["defaults"].get("links", [])
+        queries = [urllib.parse.unquote(link["url"]) for link in links]
+        if not any("minDuration" in query for query in queries):
+            continue
+        linked += 1
+        assert panel["fieldConfig"]["defaults"]["unit"] == "s", panel["title"]
+        for query in queries:
+            assert '"minDuration":"${__value.raw}s"' in query, (panel["title"], query)
+        for target in panel["targets"]:
+            expr = promql_parser.parse(substitute(target["expr"]))
+            step = None  # round(..., step): the value is rounded to a multiple of step
+            if isinstance(expr, promql_parser.Call) and expr.func.name == "round":
+                assert isinstance(expr.args[1], promql_parser.NumberLiteral)
+                step = expr.args[1].val
+            for quantile in seconds:
+                value = quantile if step is None else prometheus_round(quantile, step)
+                written = js_string(value) + "s"
+                assert GO_DURATION.fullmatch(written), (panel["title"], quantile, written)
+                assert abs(value - quantile) <= (step or 0) / 2, written
+    assert linked == 4  # phases p50 and p95, time to first chunk, request duration p95
+
+
 # -- the collector: components, span metrics, exporter ----------------------------------------
 
 KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")
@@ -655,6 +731,29 @@ def test_prometheus_exporters_expose_the_contract_names_with_exemplars() -> None
     assert collector["static_configs"] == [{"targets": ["otel-collector:8889"]}]
     prometheus = load_yaml(COMPOSE_FILE)["services"]["prometheus"]
     assert "--enable-feature=exemplar-storage" in prometheus["command"]
+
+
+def test_prometheus_ingests_created_timestamps_which_come_in_the_protobuf_format() -> None:
+    """Prometheus starts a series at its first scraped value, so rate() and increase() never
+    count a counter's or histogram's first value (issue 12: a program's first 429, a whole short
+    run). The bundle's Prometheus stores a 0 at the created timestamp of each, which the
+    collector's exporter sends in the Prometheus protobuf format only (no OpenMetrics _created
+    lines): the feature flag makes PrometheusProto the first scrape protocol, and a
+    scrape_protocols setting, global or on the collector's job, must keep it first.
+    tests/test_deploy_created_timestamps.py shows the effect with a real Prometheus 3."""
+    command = load_yaml(COMPOSE_FILE)["services"]["prometheus"]["command"]
+    features = {
+        feature
+        for argument in command
+        if argument.startswith("--enable-feature=")
+        for feature in argument.split("=", 1)[1].split(",")
+    }
+    assert {"exemplar-storage", "created-timestamp-zero-ingestion"} <= features, command
+    config = load_yaml(PROMETHEUS_CONFIG)
+    (collector,) = [job for job in config["scrape_configs"] if job["job_name"] == "otel-collector"]
+    for settings in (config["global"], collector):
+        protocols = settings.get("scrape_protocols")
+        assert protocols is None or protocols[0] == "PrometheusProto", protocols
 
 
 def test_collector_sends_traces_to_jaeger_over_otlp() -> None:
