@@ -38,7 +38,13 @@ endif
 # The suite waits on real servers and subprocesses more than it computes: three workers.
 PYTEST_WORKERS ?= 3
 
-test: lint
+# Prometheus 3 for the created-timestamp test (Debian 12 has 2.42), unpacked from Debian's archive.
+PROMETHEUS3 := .tools/prometheus3/usr/bin/prometheus
+
+$(PROMETHEUS3):
+	bash .ci/prometheus3
+
+test: lint $(PROMETHEUS3)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 demo: $(VENV)/.demo-installed
