@@ -44,6 +44,7 @@ from tests.deploy_workload import (
     DASHBOARD,
     PROMETHEUS_CONFIG,
     ROOT,
+    dashboard_panels,
     load_yaml,
     substitute,
 )
@@ -145,7 +146,7 @@ async def eventually(condition: Any, what: str, prometheus: Prometheus, timeout:
 
 
 def dashboard_query(panel_title: str, ref_id: str) -> str:
-    panels = json.loads(DASHBOARD.read_text())["panels"]
+    panels = dashboard_panels(json.loads(DASHBOARD.read_text()))
     (panel,) = [panel for panel in panels if panel["title"] == panel_title]
     (target,) = [target for target in panel["targets"] if target["refId"] == ref_id]
     return substitute(target["expr"])

@@ -82,6 +82,10 @@ class ConnectionLifetimes:
             attributes[sc.SERVER_PORT] = port
         self._histogram.record(max(self._clock() - opened_at, 0.0), attributes)
 
+    def on_close(self, connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A hook run before a connection's close method (a ``Hook``'s ``before``)."""
+        self.closed(connection)
+
     def host_of(self, connection: Any) -> HostPort | None:
         """The host ``connection`` was opened to, if it was opened while the plugin was on."""
         with self._lock:

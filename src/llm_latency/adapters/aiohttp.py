@@ -162,7 +162,7 @@ class AiohttpAdapter:
             [
                 (_TCP_CONNECTOR, "_wrap_create_connection", Hook(_connecting, self._connected)),
                 ("aiohappyeyeballs", "start_connection", Hook(_tcp_connecting, _tcp_connected)),
-                (_PROTOCOL, "connection_lost", Hook(self._connection_lost)),
+                (_PROTOCOL, "connection_lost", Hook(self._emitter.pools.lifetimes.on_close)),
             ],
         )
         p.group("connection reuse", [(_BASE_CONNECTOR, "_get", Hook(_found, _pooled))])
@@ -299,11 +299,6 @@ class AiohttpAdapter:
             pools.lifetimes.opened(result[1], key.host, key.port)
             pools.watch(connector, _read_connector)
         return result
-
-    def _connection_lost(
-        self, protocol: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
-        self._emitter.pools.lifetimes.closed(protocol)
 
     def _body_fails(self, stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         attempt = _streams.pop(stream, None)

@@ -300,7 +300,7 @@ class HttpcoreAdapter:
         module = self._module
         lifetimes = self._emitter.pools.lifetimes
         opened = Hook(partial(_connection_opened, lifetimes))
-        closed = Hook(partial(_connection_closed, lifetimes))
+        closed = Hook(lifetimes.on_close)
         watch = Hook(partial(_watch_pool, self._emitter.pools))
         self._patches.group(
             "the connection pool",
@@ -408,16 +408,9 @@ def _watch_pool(
 def _connection_opened(
     lifetimes: ConnectionLifetimes, connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    """An HTTP/1.1 or HTTP/2 connection is built on a network stream that is up (TCP, TLS)."""
+    """An HTTP/1.1 connection is built on a network stream that is up (TCP, TLS)."""
     origin = args[0] if args else kwargs["origin"]
     lifetimes.opened(connection, origin.host.decode("ascii", "replace"), origin.port)
-    return SKIP
-
-
-def _connection_closed(
-    lifetimes: ConnectionLifetimes, connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    lifetimes.closed(connection)
     return SKIP
 
 

@@ -173,7 +173,7 @@ class RequestsAdapter:
                 (_HTTPS_POOL, "_new_conn", made),
                 (_CONNECTION, "connect", opened),
                 (_HTTPS_CONNECTION, "connect", opened),
-                (_CONNECTION, "close", Hook(partial(_connection_closed, pools.lifetimes))),
+                (_CONNECTION, "close", Hook(pools.lifetimes.on_close)),
             ],
         )
         chunk = Tap(_chunk_read)
@@ -435,13 +435,6 @@ def _connection_made(pools: PoolMetrics, pool: Any, connection: Any) -> Any:
 def _connection_opened(lifetimes: ConnectionLifetimes, connection: Any, result: Any) -> Any:
     lifetimes.opened(connection, connection.host, connection.port)
     return result
-
-
-def _connection_closed(
-    lifetimes: ConnectionLifetimes, connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    lifetimes.closed(connection)
-    return SKIP
 
 
 def _read_pool(pool: Any, lifetimes: ConnectionLifetimes) -> Iterator[PoolRow]:
