@@ -23,12 +23,14 @@ from opentelemetry.trace import (
 from llm_latency import headers as hdr
 from llm_latency import semconv as sc
 from llm_latency.calls import LogicalCall, current_call
+from llm_latency.event_loop import monitor_of_running_loop
+from llm_latency.event_loop import stop_all as stop_lag_monitors
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
 from llm_latency.setup import tracer_provider_is_set
 from llm_latency.suppression import under_http_client_span
-from llm_latency.timeline import PHASE_NAMES, WAIT, Timeline
+from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 from llm_latency.urls import redact, route_template
 from llm_latency.version import __version__
 
@@ -36,6 +38,16 @@ _logger = logging.getLogger(__name__)
 
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
+
+
+def send_to_first_byte(tl: Timeline) -> float | None:
+    """Seconds from the start of sending the request to its first response byte: the window
+    that holds the server's whole processing time (the server may start as soon as the request's
+    start reaches it, while the body is still being sent)."""
+    send, wait = tl.span_of(SEND), tl.span_of(WAIT)
+    if send is None or wait is None:
+        return None
+    return (wait[1] - send[0]) / 1e9
 
 
 def error_type(error: BaseException) -> str:
@@ -81,10 +93,12 @@ class Emitter:
         path: str,
         carrier: MutableMapping[str, str] | None = None,
         previous: Timeline | None = None,
+        on_loop: bool = False,
     ) -> Span:
         """Start the attempt's request span, inject ``traceparent`` into ``carrier``, and keep
         the span on the timeline. ``previous``, an earlier attempt of the same call (a
-        redirect or a resend), is linked, so hops stay connected even without a parent span."""
+        redirect or a resend), is linked, so hops stay connected even without a parent span.
+        ``on_loop``: the attempt runs on the running asyncio loop, whose lag is measured."""
         if self._follows_global or self._before_first_request is not None:
             self._settle_tracer()
         method = timeline.method
@@ -125,6 +139,11 @@ class Emitter:
         )
         timeline.span = span
         self._open.add(timeline)
+        if on_loop:
+            monitor = monitor_of_running_loop()
+            if monitor is not None:
+                monitor.attempt_started()
+                timeline.loop_monitor = monitor
         if carrier is not None:
             propagate.inject(carrier, context=set_span_in_context(span))
         return span
@@ -222,10 +241,11 @@ class Emitter:
             if not timeline.close(at):
                 return
             self._open.discard(timeline)
-            self._emit(timeline)
+            self._emit(timeline, self._loop_lag(timeline))
         except Exception:  # never break the host program
             self.failed_once("emitting an attempt")
             try:
+                self._loop_lag(timeline)
                 span = timeline.span
                 if span is not None and span.is_recording():
                     span.end(timeline.to_epoch_ns(timeline.end_ns))
@@ -245,12 +265,24 @@ class Emitter:
             self.failed_once("recording a failure")
         self.finish(timeline)
 
+    @staticmethod
+    def _loop_lag(tl: Timeline) -> tuple[float, float] | None:
+        """How long the attempt's busy event loop delayed the end of its wait phase and of its
+        receive phase (s); None for an attempt not on a loop. Once per attempt."""
+        monitor = tl.loop_monitor
+        if monitor is None:
+            return None
+        tl.loop_monitor = None
+        in_wait, in_receive = monitor.attempt_ended((tl.span_of(WAIT), tl.span_of(RECEIVE)))
+        return in_wait / 1e9, in_receive / 1e9
+
     def finish_all(self) -> None:
         """End every attempt still open, and stop watching the pools (at uninstrument: what
         happens next can no longer be seen)."""
         for timeline in list(self._open):
             self.finish(timeline)
         self.pools.forget()
+        stop_lag_monitors()
 
     def _in_flight(self) -> list[Timeline]:
         """The attempts in flight (read when the SDK collects, from another thread)."""
@@ -261,7 +293,7 @@ class Emitter:
                 continue
         return []
 
-    def _emit(self, tl: Timeline) -> None:
+    def _emit(self, tl: Timeline, lag: tuple[float, float] | None) -> None:
         span: Span | None = tl.span
         if span is None:
             return
@@ -282,12 +314,22 @@ class Emitter:
             attrs[sc.HTTP_REQUEST_RESEND_COUNT] = tl.resend_count
 
         processing = hdr.parse_number(hdr.first(found, hdr.PROCESSING_MS_HEADER))
+        window = send_to_first_byte(tl)
+        lag_total: float | None = None
+        wait_lag = 0.0
+        if lag is not None:
+            wait_lag, receive_lag = lag
+            if processing is not None and window is not None:
+                # The response cannot have come before the server's processing was done: the
+                # loop delayed it by no more than what the processing time leaves of the wait.
+                wait_lag = min(wait_lag, max(window - processing / 1000.0, 0.0))
+            lag_total = wait_lag + receive_lag
+            attrs[sc.EVENT_LOOP_LAG] = lag_total
         if processing is not None:
             processing /= 1000.0
             attrs[sc.SERVER_PROCESSING_TIME] = processing
-            wait = tl.duration_of(WAIT)
-            if wait is not None:
-                attrs[sc.NETWORK_OVERHEAD] = wait - processing
+            if window is not None:
+                attrs[sc.NETWORK_OVERHEAD] = window - processing - wait_lag
 
         ttfc: float | None = None
         if tl.sse is not None and tl.first_chunk_ns:
@@ -320,7 +362,7 @@ class Emitter:
             span.set_status(Status(StatusCode.ERROR))
         span.end(tl.to_epoch_ns(tl.end_ns))
 
-        self._record_metrics(tl, ctx, found, status, err_type, ttfc, processing)
+        self._record_metrics(tl, ctx, found, status, err_type, ttfc, processing, lag_total)
         if tl.call is not None:
             self._attempt_ends(tl, err_type, found)
 
@@ -363,6 +405,7 @@ class Emitter:
         err_type: str | None,
         ttfc: float | None,
         processing: float | None,
+        lag: float | None,
     ) -> None:
         host = tl.host
         method = tl.method
@@ -378,6 +421,8 @@ class Emitter:
             attributes[sc.ERROR_TYPE] = err_type
         metrics = self.metrics
         metrics.attempt(tl.duration, attributes, host, status, tl.reused, ttfc, processing, ctx)
+        if lag is not None:
+            metrics.event_loop_lag.record(lag, {sc.SERVER_ADDRESS: host}, ctx)
         for header, kind in hdr.RATELIMIT_REMAINING_HEADERS.items():
             remaining = hdr.parse_number(hdr.first(found, header))
             if remaining is not None:

@@ -117,6 +117,14 @@ class AttemptMetrics:
             description="Time from the start of a streamed request to its first body chunk.",
             explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
         )
+        self.event_loop_lag = meter.create_histogram(
+            sc.EVENT_LOOP_LAG,
+            unit="s",
+            description="Time the program's event loop was busy during an attempt's wait and "
+            "receive phases (asyncio clients): the program's share of that time, not the "
+            "provider's.",
+            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+        )
         self.retries = _Tallies()
         self.rate_limited = _Tallies()
         self.connections = _Tallies()

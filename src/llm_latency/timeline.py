@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from llm_latency.sse import SSECounter
+
+if TYPE_CHECKING:
+    from llm_latency.event_loop import LoopLagMonitor
 
 QUEUE: Final = 0
 DNS: Final = 1
@@ -55,6 +58,7 @@ class Timeline:
         "first_chunk_ns",
         "host",
         "last_chunk_ns",
+        "loop_monitor",
         "max_gap_ns",
         "method",
         "port",
@@ -96,6 +100,7 @@ class Timeline:
         self.bytes_received = 0
         self.sse: SSECounter | None = None
         self.call: Any = None  # the LogicalCall this attempt belongs to, if any
+        self.loop_monitor: LoopLagMonitor | None = None  # its event loop's (async clients)
 
     # -- phases -------------------------------------------------------------------------------
 

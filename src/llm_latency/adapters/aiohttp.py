@@ -213,7 +213,13 @@ class AiohttpAdapter:
         attempt.resend_count = call.attempts + _retry_count(req.headers)
         call.attempts += 1
         self._emitter.start(
-            attempt, url.raw_host or "", url.port, url.raw_path, req.headers, call.last
+            attempt,
+            url.raw_host or "",
+            url.port,
+            url.raw_path,
+            req.headers,
+            call.last,
+            on_loop=True,
         )
         call.last = call.attempt = attempt
         return attempt

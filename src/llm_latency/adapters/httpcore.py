@@ -345,6 +345,7 @@ class HttpcoreAdapter:
             port if port is not None else _DEFAULT_PORTS.get(scheme),
             target.partition("?")[0],
             carrier,
+            on_loop=trace_factory is _AsyncTrace,
         )
         try:
             for name, value in carrier.items():

@@ -1,0 +1,102 @@
+"""The event-loop lag monitor: what it costs, and how well it takes the program's stall out.
+
+1. Cost, side by side in one run: the CPU an idle event loop uses for 3 s with and without an
+   attempt in flight (the monitor ticks every 10 ms only while one is), and the CPU of one
+   attempt's start and end on the monitor.
+2. Accuracy: 50 aiohttp requests in flight against ``llm-latency mock-server`` in its own process
+   (0.3 s to the first byte, reported as openai-processing-ms), once with an idle loop and once
+   with the loop blocked from 0.15 s to 0.55 s. For each: the wait phase, the lag charged, and
+   the send-to-first-byte window less the lag, which should be the server's 0.3 s.
+
+    python bench/event_loop_lag.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aiohttp
+
+from llm_latency.event_loop import LoopLagMonitor
+from tests.conftest import Telemetry
+from tests.test_cli import mock_server
+from tests.test_event_loop_lag import burst, facts
+
+SECONDS = 3.0
+PAIRS = 200_000
+
+
+async def idle_cpu(in_flight: bool) -> float:
+    """CPU seconds of an idle loop over SECONDS, with the monitor ticking or not."""
+    monitor = LoopLagMonitor(asyncio.get_running_loop())
+    if in_flight:
+        monitor.attempt_started()
+    start = time.process_time()
+    await asyncio.sleep(SECONDS)
+    used = time.process_time() - start
+    if in_flight:
+        monitor.attempt_ended([None])
+    monitor.stop()
+    return used
+
+
+async def pair_cost() -> float:
+    """CPU seconds of one attempt's start and end on a monitor already ticking."""
+    monitor = LoopLagMonitor(asyncio.get_running_loop())
+    monitor.attempt_started()
+    windows = [(1, 2), (2, 3)]
+    start = time.process_time()
+    for _ in range(PAIRS):
+        monitor.attempt_started()
+        monitor.attempt_ended(windows)
+    used = time.process_time() - start
+    monitor.stop()
+    return used / PAIRS
+
+
+async def accuracy(url: str, blocked: bool) -> str:
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            async with session.post(url, json={}) as response:
+                await response.read()
+            telemetry.exporter.clear()
+            await burst(session, url, 0.15 if blocked else None)
+    finally:
+        import llm_latency
+
+        llm_latency.uninstrument()
+    rows = facts(telemetry)
+    wait = statistics.median(r["wait"] for r in rows)
+    lag = statistics.median(r["llm_latency.event_loop.lag"] for r in rows)
+    left = sorted(r["window"] - r["llm_latency.event_loop.lag"] for r in rows)
+    return (
+        f"{'blocked 0.4 s' if blocked else 'idle loop':<14} wait p50 {wait * 1000:6.1f} ms"
+        f"  lag p50 {lag * 1000:6.1f} ms  window-lag min/p50/max {left[0] * 1000:.1f}/"
+        f"{statistics.median(left) * 1000:.1f}/{left[-1] * 1000:.1f} ms (server 300 ms)"
+    )
+
+
+async def main() -> None:
+    without = await idle_cpu(False)
+    with_monitor = await idle_cpu(True)
+    ticks = SECONDS / 0.01
+    print(f"idle loop, {SECONDS:g} s: CPU {without * 1000:.1f} ms without an attempt in flight, "
+          f"{with_monitor * 1000:.1f} ms with one ({ticks:.0f} ticks): "
+          f"{(with_monitor - without) / ticks * 1e6:.1f} us per tick, "
+          f"{(with_monitor - without) / SECONDS * 100:.3f} % of a core")  # fmt: skip
+    print(f"one attempt's start and end on the monitor: {await pair_cost() * 1e6:.2f} us")
+    with mock_server("--ttfb", "0.3", "--tokens", "1", "--tokens-per-second", "1000") as mock:
+        for blocked in (False, True):
+            print(await accuracy(mock.url, blocked))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,158 @@
+"""Event-loop lag: how long an asyncio loop, busy with other work, delayed what an attempt
+waited for, so that a program's own stall is not blamed on the provider.
+
+A response that arrived on time waits in the socket buffer while the loop runs other code (CPU
+work between awaits, parsing other responses); the attempt's ``http.wait`` or ``http.receive``
+then grows by that time. One :class:`LoopLagMonitor` per running loop measures it the cheap way:
+while at least one attempt is in flight on the loop, a timer is due every ``INTERVAL_NS``; when
+it runs late, the loop was busy from the moment it was due until it ran. Each time the loop
+runs, it polls its sockets first, so a phase that ended right after a busy stretch was delayed
+by at most that stretch: that is the lag charged to the phase.
+
+What it can say, and what it cannot:
+
+- A busy stretch is seen from the first tick it delays: its first part, up to one interval
+  (10 ms), is not counted.
+- When the response arrived in the middle of the busy stretch, the stretch's part before the
+  arrival counts too (the arrival time cannot be known from user space): the lag is an upper
+  bound of the delay, and ``wait - lag`` a lower bound of the provider's and the network's
+  share, off by at most that one stretch.
+- Sync clients (requests, sync httpx) in threads have no loop to watch: a thread that waits for
+  the GIL held by other threads is delayed the same way, and that is not measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from llm_latency.timeline import _now
+
+#: How often a loop with attempts in flight is checked (ns): the resolution of the lag.
+INTERVAL_NS = 10_000_000
+#: A tick later than this (ns) counts: below it is the loop's ordinary scheduling jitter.
+LATE_NS = 1_000_000
+#: A phase that ends this soon (ns) after a busy stretch was delayed by it: the loop runs the
+#: callbacks of the data that arrived during the stretch, then wakes the task that waited.
+SETTLE_NS = 20_000_000
+#: Busy stretches kept per loop: at most one per interval, so about 160 s of continuous lag.
+KEPT = 16_384
+
+_monitors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagMonitor] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def monitor_of_running_loop() -> LoopLagMonitor | None:
+    """The monitor of the loop running in this thread (made at its first attempt), if any."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    monitor = _monitors.get(loop)
+    if monitor is None:
+        monitor = _monitors[loop] = LoopLagMonitor(loop)
+    return monitor
+
+
+def stop_all() -> None:
+    """Stop every monitor (the plugin is off): their timers are not rescheduled."""
+    for monitor in list(_monitors.values()):
+        monitor.stop()
+    _monitors.clear()
+
+
+class LoopLagMonitor:
+    """Measures when one event loop was busy, while attempts are in flight on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)
+        self._in_flight = 0
+        self._due_ns = 0
+        self._handle: asyncio.TimerHandle | None = None
+        self._stopped = False
+        #: (start, end) in ``perf_counter_ns`` of each stretch the loop was busy, oldest first.
+        self.busy: deque[tuple[int, int]] = deque(maxlen=KEPT)
+
+    def attempt_started(self) -> None:
+        """An attempt starts on this loop (call from the loop's thread)."""
+        self._in_flight += 1
+        if self._handle is None and not self._stopped:
+            self._schedule(_now())
+
+    def attempt_ended(self, windows: Sequence[tuple[int, int] | None]) -> list[int]:
+        """An attempt ends: for each of ``windows`` (its phases, as ``Timeline.span_of`` gives
+        them; None for one that did not happen), how long (ns) the busy loop delayed the
+        phase's end. That is the busy stretch the loop was in when the phase ended (the one in
+        progress now included), from its start or the phase's, whichever is later: before
+        it, the loop polled its sockets, so what the phase waited for had not arrived."""
+        self._in_flight -= 1
+        now = _now()
+        late = self._handle is not None and now - self._due_ns > LATE_NS
+        pending = (self._due_ns, now) if late else None
+        delays = []
+        for window in windows:
+            delay = 0
+            if window is not None:
+                start, end = window
+                try:
+                    stretch = self._stretch_before(end, pending)
+                except RuntimeError:  # ended from another thread while the loop recorded one
+                    stretch = None
+                if stretch is not None:
+                    delay = max(end - max(stretch, start), 0)
+            delays.append(delay)
+        return delays
+
+    def _stretch_before(self, end: int, pending: tuple[int, int] | None) -> int | None:
+        """Where the busy stretch that ``end`` came at the end of started, if it came at the
+        end of one. Late ticks one interval apart are one stretch: the loop ran only the tick
+        between them."""
+        found: int | None = None
+        for busy_start, busy_end in _newest_first(self.busy, pending):
+            if found is None:
+                if busy_start >= end:
+                    continue  # after the phase
+                if busy_end < end - SETTLE_NS:
+                    return None  # the loop was free before the phase ended
+                found = busy_start
+            elif busy_end >= found - INTERVAL_NS - LATE_NS:
+                found = busy_start
+            else:
+                break
+        return found
+
+    def stop(self) -> None:
+        """No more ticks; the lag of attempts still in flight is what was seen so far."""
+        self._stopped = True
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _schedule(self, now: int) -> None:
+        loop = self._loop()
+        if loop is None or loop.is_closed():
+            self._handle = None
+            return
+        self._due_ns = now + INTERVAL_NS
+        self._handle = loop.call_later(INTERVAL_NS / 1e9, self._tick)
+
+    def _tick(self) -> None:
+        now = _now()
+        if now - self._due_ns > LATE_NS:
+            self.busy.append((self._due_ns, now))
+        if self._in_flight > 0 and not self._stopped:
+            self._schedule(now)
+        else:
+            self._handle = None
+            self.busy.clear()
+
+
+def _newest_first(
+    busy: deque[tuple[int, int]], pending: tuple[int, int] | None
+) -> Iterable[tuple[int, int]]:
+    if pending is not None:
+        yield pending
+    yield from reversed(busy)

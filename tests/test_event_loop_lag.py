@@ -1,0 +1,136 @@
+"""Event-loop lag: a response that waited in the socket buffer while the program's loop was busy
+is charged to the program (``llm_latency.event_loop.lag``), not to the provider; the network
+overhead cannot go negative.
+
+The server is ``llm-latency mock-server`` in its own process, so that blocking the test's loop
+(or holding the GIL) does not delay the server's answer: its wait is the injected one. 50
+requests are in flight at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+import requests
+
+from tests.conftest import Telemetry
+from tests.httpx_clients import Client
+from tests.test_cli import Mock, mock_server
+
+pytestmark = pytest.mark.xdist_group("timing")
+
+INJECTED = 0.3  # the server's time to the first byte, reported as openai-processing-ms
+CONCURRENCY = 50
+BLOCK = 0.4  # one stretch the loop is blocked, around the moment the responses arrive
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[Mock]:
+    with mock_server("--ttfb", str(INJECTED), "--tokens", "1", "--tokens-per-second", "1000") as m:
+        yield m
+
+
+def facts(telemetry: Telemetry) -> list[dict[str, Any]]:
+    """Per attempt: its attributes, with ``wait`` (the wait phase, s) and ``window`` (from the
+    start of the send to the first byte: where the server's processing time lies)."""
+    rows = []
+    for attempt in telemetry.attempts():
+        attributes = dict(attempt.attributes or {})
+        phases = telemetry.phases(attempt)
+        send, wait = phases["send"], phases["wait"]
+        assert send.start_time is not None and wait.start_time is not None
+        assert wait.end_time is not None
+        attributes["wait"] = (wait.end_time - wait.start_time) / 1e9
+        attributes["window"] = (wait.end_time - send.start_time) / 1e9
+        rows.append(attributes)
+    return rows
+
+
+async def burst(session: aiohttp.ClientSession, url: str, block_at: float | None) -> None:
+    async def one() -> None:
+        async with session.post(url, json={"model": "m", "messages": []}) as response:
+            await response.read()
+
+    tasks = [asyncio.create_task(one()) for _ in range(CONCURRENCY)]
+    if block_at is not None:
+        await asyncio.sleep(block_at)
+        time.sleep(BLOCK)  # noqa: ASYNC251 - the program's own stall: the loop runs nothing
+    await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["idle loop", "blocked loop"])
+async def test_lag_is_the_programs_share_of_the_wait(
+    telemetry: Telemetry, mock: Mock, blocked: bool
+) -> None:
+    telemetry.instrument()
+    url = mock.url
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with session.post(url, json={}) as response:  # connections to warm up
+            await response.read()
+        telemetry.exporter.clear()
+        # Blocked from 0.15 s to 0.55 s: the answers, due at 0.3 s, wait in the socket buffer.
+        await burst(session, url, 0.15 if blocked else None)
+    rows = facts(telemetry)
+    assert len(rows) == CONCURRENCY
+    processing = {row["llm_latency.server.processing_time"] for row in rows}
+    assert all(abs(p - INJECTED) < 0.01 for p in processing), processing
+    for row in rows:
+        assert row["llm_latency.network_overhead"] >= 0, row
+    # What is left of the send-to-first-byte window once the program's share is taken out:
+    # the provider's time and the network's, never less than the server's processing time.
+    provider = sorted(row["window"] - row["llm_latency.event_loop.lag"] for row in rows)
+    lags = [row["llm_latency.event_loop.lag"] for row in rows]
+    assert provider[0] > INJECTED - 0.01, provider
+    # The server (another process on 2 cores, 50 requests at once) may queue a few of them.
+    assert statistics.median(provider) < INJECTED + 0.03, provider
+    if blocked:
+        # The waits grew by the stall; the lag takes it back out.
+        assert statistics.median(row["wait"] for row in rows) > INJECTED + 0.15
+        assert min(lags) > 0.15, lags
+    else:
+        # Only the program's own work on the 50 responses: a few ms.
+        assert statistics.median(lags) < 0.03, lags
+
+
+async def test_lag_histogram(telemetry: Telemetry, mock: Mock) -> None:
+    telemetry.instrument()
+    url = mock.url
+    async with aiohttp.ClientSession() as session:
+        await burst(session, url, 0.15)
+    (point,) = telemetry.metric_points("llm_latency.event_loop.lag")
+    assert point.count == CONCURRENCY
+    assert point.sum > CONCURRENCY * 0.1
+
+
+@pytest.mark.parametrize("kind", ["httpx-async", "httpx2-async"])
+async def test_async_httpx_attempts_carry_the_lag(
+    telemetry: Telemetry, mock: Mock, kind: str
+) -> None:
+    telemetry.instrument()
+    url = mock.url
+    async with Client(kind) as client:
+
+        async def blocked() -> None:
+            await asyncio.sleep(0.15)
+            time.sleep(BLOCK)  # noqa: ASYNC251 - the stall under test
+
+        await asyncio.gather(client.request("POST", url, json={}), blocked())
+    (row,) = facts(telemetry)
+    assert row["llm_latency.event_loop.lag"] > 0.15
+    assert INJECTED - 0.01 < row["window"] - row["llm_latency.event_loop.lag"] < INJECTED + 0.05
+
+
+async def test_sync_clients_have_no_loop_lag(telemetry: Telemetry, mock: Mock) -> None:
+    """A sync client in a thread has no loop to watch: no lag is claimed."""
+    telemetry.instrument()
+    url = mock.url
+    await asyncio.to_thread(requests.post, url, json={})
+    (row,) = facts(telemetry)
+    assert "llm_latency.event_loop.lag" not in row
+    assert row["llm_latency.network_overhead"] >= 0
