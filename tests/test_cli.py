@@ -107,6 +107,19 @@ def test_probe_measures_the_configured_wait(client: str) -> None:
 
 
 @pytest.mark.parametrize("client", ["aiohttp", "httpx2", "requests"])
+def test_probe_network_overhead_is_never_negative(client: str) -> None:
+    """Concurrent requests (-c 4): the send overlaps the server's processing, and the overhead
+    (from the start of sending, less the server's time) stays at or above 0."""
+    with mock_server("--ttfb", "0.2", "--tokens", "1", "--tokens-per-second", "1000") as mock:
+        report = probe_json(mock.url, "-n", "10", "-c", "4", "--client", client)
+    requests = report["requests"]
+    assert isinstance(requests, list) and len(requests) == 10
+    for request in requests:
+        assert request["server_processing"] == pytest.approx(0.2, abs=0.002)
+        assert 0 <= request["network_overhead"] < SLACK, request
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx2", "requests"])
 def test_probe_reuses_connections(client: str) -> None:
     """Sequential requests (-c 1) share one connection; -c 3 opens at most three; --fresh opens
     one per request. (requests on worker threads: each thread's own Session would connect.)"""

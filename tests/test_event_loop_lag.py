@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 import requests
+from aiohttp import web
 
 from tests.conftest import Telemetry
 from tests.httpx_clients import Client
@@ -133,4 +134,38 @@ async def test_sync_clients_have_no_loop_lag(telemetry: Telemetry, mock: Mock) -
     await asyncio.to_thread(requests.post, url, json={})
     (row,) = facts(telemetry)
     assert "llm_latency.event_loop.lag" not in row
+    assert row["llm_latency.network_overhead"] >= 0
+
+
+async def test_overhead_counts_from_the_send(telemetry: Telemetry) -> None:
+    """A server that starts its clock when the request's headers arrive and reads a large body
+    within its processing time: its time overlaps the send. From the end of the send (the old
+    definition) the overhead would be negative; from its start it is not."""
+
+    async def handler(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        await request.read()
+        await asyncio.sleep(0.05)
+        processing_ms = (time.perf_counter() - started) * 1000
+        return web.json_response({}, headers={"openai-processing-ms": f"{processing_ms:.3f}"})
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    telemetry.instrument()
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = b"x" * (32 * 2**20)
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            async with session.post(url, data=body) as response:
+                await response.read()
+    finally:
+        await runner.cleanup()
+    (row,) = facts(telemetry)
+    processing = row["llm_latency.server.processing_time"]
+    assert row["wait"] - processing < 0  # the server's time began before the send ended
     assert row["llm_latency.network_overhead"] >= 0
