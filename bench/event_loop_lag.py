@@ -46,6 +46,24 @@ async def idle_cpu(in_flight: bool) -> float:
     return used
 
 
+async def bare_timer_cpu() -> float:
+    """CPU seconds of an idle loop over SECONDS that only re-arms a 10 ms timer: what any
+    wakeup costs on this machine, the floor of the monitor's tick."""
+    loop = asyncio.get_running_loop()
+    handle: asyncio.TimerHandle | None = None
+
+    def tick() -> None:
+        nonlocal handle
+        handle = loop.call_later(0.01, tick)
+
+    handle = loop.call_later(0.01, tick)
+    start = time.process_time()
+    await asyncio.sleep(SECONDS)
+    used = time.process_time() - start
+    handle.cancel()
+    return used
+
+
 async def pair_cost() -> float:
     """CPU seconds of one attempt's start and end on a monitor already ticking."""
     monitor = LoopLagMonitor(asyncio.get_running_loop())
@@ -87,11 +105,13 @@ async def accuracy(url: str, blocked: bool) -> str:
 async def main() -> None:
     without = await idle_cpu(False)
     with_monitor = await idle_cpu(True)
+    bare = await bare_timer_cpu()
     ticks = SECONDS / 0.01
     print(f"idle loop, {SECONDS:g} s: CPU {without * 1000:.1f} ms without an attempt in flight, "
           f"{with_monitor * 1000:.1f} ms with one ({ticks:.0f} ticks): "
           f"{(with_monitor - without) / ticks * 1e6:.1f} us per tick, "
-          f"{(with_monitor - without) / SECONDS * 100:.3f} % of a core")  # fmt: skip
+          f"{(with_monitor - without) / SECONDS * 100:.3f} % of a core; a bare 10 ms timer: "
+          f"{(bare - without) / ticks * 1e6:.1f} us per wakeup")  # fmt: skip
     print(f"one attempt's start and end on the monitor: {await pair_cost() * 1e6:.2f} us")
     with mock_server("--ttfb", "0.3", "--tokens", "1", "--tokens-per-second", "1000") as mock:
         for blocked in (False, True):
