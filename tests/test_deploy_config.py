@@ -219,6 +219,7 @@ CONTRACT_HISTOGRAMS = (
     "llm_latency_server_processing_time_seconds",
     "gen_ai_client_operation_time_to_first_chunk_seconds",
     "http_client_connection_duration_seconds",
+    "llm_latency_event_loop_lag_seconds",
 )
 CONTRACT_SERIES = (
     "llm_latency_retries_total",
@@ -385,10 +386,11 @@ def test_dashboard_has_the_panels_of_the_issue() -> None:
         if panel["title"].startswith("Time per phase"):
             assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     (overhead,) = [p for p in dashboard_panels(dashboard) if p["title"].startswith("Wait vs")]
-    wait, processing, difference = (t["expr"] for t in overhead["targets"])
+    wait, processing, difference, lag = (t["expr"] for t in overhead["targets"])
     assert "_sum" in wait and "_count" in wait and 'llm_latency_phase="wait"' in wait
     assert "llm_latency_server_processing_time_seconds_sum" in processing
     assert difference == f"({wait}) - ({processing})"
+    assert "llm_latency_event_loop_lag_seconds_sum" in lag and "_count" in lag
 
 
 def row_panels(dashboard: dict[str, Any], title: str) -> list[dict[str, Any]]:
