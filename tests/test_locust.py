@@ -256,31 +256,11 @@ def locust_run(directory: Path, metrics_port: int) -> Iterator[LocustRun]:
         receiver.stop()
 
 
-@pytest.fixture(scope="module")
-def prometheus_and_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Prometheus, LocustRun]]:
-    directory = tmp_path_factory.mktemp("locust")
-    metrics_port = free_port()
-    prometheus = Prometheus(directory, metrics_port, job="locust")
-    try:
-        prometheus.wait_ready()
-        with locust_run(directory, metrics_port) as run:
-            yield prometheus, run
-    finally:
-        prometheus.stop()
-
-
-@pytest.fixture(scope="module")
-def run(prometheus_and_run: tuple[Prometheus, LocustRun]) -> LocustRun:
-    return prometheus_and_run[1]
-
-
 def by_name(run: LocustRun) -> dict[str, dict[str, Any]]:
     return {entry["name"]: entry for entry in run.stats}
 
 
-def test_locust_ran_the_locustfile_without_errors(run: LocustRun) -> None:
+def check_locust_ran_without_errors(run: LocustRun) -> None:
     """Both tasks ran, many times; the only failures are the mock server's 429s (checked
     against the spans below), so Locust exits 1 (its code for a run with failures) and logs no
     exception."""
@@ -292,7 +272,7 @@ def test_locust_ran_the_locustfile_without_errors(run: LocustRun) -> None:
     assert run.returncode == (1 if sum(e["num_failures"] for e in run.stats) else 0), run.output
 
 
-def test_every_request_locust_counted_has_its_span(run: LocustRun) -> None:
+def check_every_request_locust_counted_has_its_span(run: LocustRun) -> None:
     """Locust's final counts, by outcome, against the request spans: exactly as many."""
     stats = by_name(run)
     requests = [span for span in run.spans if span.name == REQUEST]
@@ -318,7 +298,7 @@ def test_every_request_locust_counted_has_its_span(run: LocustRun) -> None:
     assert len(interrupted) <= USERS
 
 
-def test_every_request_span_has_its_phases(run: LocustRun) -> None:
+def check_every_request_span_has_its_phases(run: LocustRun) -> None:
     phases = phases_of(run.spans)
     requests = [span for span in run.spans if span.name == REQUEST]
     new_connections = 0
@@ -336,7 +316,7 @@ def test_every_request_span_has_its_phases(run: LocustRun) -> None:
         assert span.attributes["gen_ai.response.time_to_first_chunk"] > 0, span
 
 
-def test_nothing_is_dropped(run: LocustRun) -> None:
+def check_nothing_is_dropped(run: LocustRun) -> None:
     """Every phase span's request span arrived, every span once, and the SDK said nothing of
     dropped spans or failed exports."""
     ids = Counter(span.span_id for span in run.spans)
@@ -355,12 +335,9 @@ def last_scrape(prometheus: Prometheus, job: str) -> float:
     return max(float(at) for at, value in series["values"] if value == "1")
 
 
-def test_prometheus_answers_the_dashboards_queries(
-    prometheus_and_run: tuple[Prometheus, LocustRun],
-) -> None:
+def check_prometheus_answers_the_dashboards_queries(prometheus: Prometheus, run: LocustRun) -> None:
     """Each dashboard query, evaluated at Prometheus's last scrape of the run: data, except the
     ones in EXPECTED_EMPTY (exactly those)."""
-    prometheus, run = prometheus_and_run
     at = last_scrape(prometheus, "locust")
     empty = set()
     for query in dashboard_queries():
@@ -377,3 +354,21 @@ def test_prometheus_answers_the_dashboards_queries(
     (total,) = counted["data"]["result"]
     # Scraped before the last requests ended: some, and at most every request span.
     assert 0 < float(total["value"][1]) <= len([s for s in run.spans if s.name == REQUEST])
+
+
+def test_the_locustfile_under_load(tmp_path: Path) -> None:
+    """One Locust run (the module docstring), every check on it. One test, not one per check
+    sharing a module fixture: with pytest 9.2, xdist's loadgroup no longer keeps a group on one
+    worker, and each worker would run Locust again."""
+    metrics_port = free_port()
+    prometheus = Prometheus(tmp_path, metrics_port, job="locust")
+    try:
+        prometheus.wait_ready()
+        with locust_run(tmp_path, metrics_port) as run:
+            check_locust_ran_without_errors(run)
+            check_every_request_locust_counted_has_its_span(run)
+            check_every_request_span_has_its_phases(run)
+            check_nothing_is_dropped(run)
+            check_prometheus_answers_the_dashboards_queries(prometheus, run)
+    finally:
+        prometheus.stop()
