@@ -4,6 +4,7 @@ released or garbage-collected), and no phase is invented."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from collections.abc import Callable
 from typing import Any
@@ -91,6 +92,38 @@ async def test_requests_response_dropped_unread_ends_when_collected(
 
     await in_thread(work)
     assert_every_attempt_ended(telemetry, 3)
+
+
+async def test_requests_response_abandoned_in_a_reference_cycle_ends_when_collected(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    # As Locust's HttpSession does: the response and its request_meta hold each other, and the
+    # task fails before reading or closing the stream. Only the cycle collector frees them, in
+    # any order: the http.client response inside is closed first, so the urllib3 response
+    # reads as closed and IOBase's finalizer never calls its close().
+    url = server.url(chunks=5, gap=0.05, sse=1)
+
+    def task(session: requests.Session) -> None:
+        response = session.post(url, json={"stream": True}, stream=True)
+        response.request_meta = {"response": response}  # type: ignore[attr-defined]
+        raise ValueError("the task fails before reading the stream")
+
+    def work() -> None:
+        gc.disable()  # no collection before the one below: the responses stay open until then
+        try:
+            with requests.Session() as session:
+                for _ in range(3):
+                    with contextlib.suppress(ValueError):
+                        task(session)
+                assert open_attempts() == 3
+                gc.collect()
+        finally:
+            gc.enable()
+
+    await in_thread(work)
+    assert_every_attempt_ended(telemetry, 3)
+    for request in telemetry.requests():
+        assert set(telemetry.phases(request)) >= {"send", "wait", "receive"}
 
 
 async def test_httpx_response_dropped_unread_ends_when_collected(

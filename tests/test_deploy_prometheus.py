@@ -89,17 +89,17 @@ def start_workload() -> tuple[subprocess.Popen[str], int]:
 
 
 class Prometheus:
-    """A real Prometheus on loopback that scrapes the workload every second and evaluates the
-    bundle's alert rules every second."""
+    """A real Prometheus on loopback that scrapes the workload (job ``job``) every second and
+    evaluates the bundle's alert rules every second."""
 
-    def __init__(self, directory: Path, target_port: int) -> None:
+    def __init__(self, directory: Path, target_port: int, job: str = "deploy-workload") -> None:
         self.port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(RULES_FILE)],
             "scrape_configs": [
                 {
-                    "job_name": "deploy-workload",
+                    "job_name": job,
                     "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}],
                 }
             ],

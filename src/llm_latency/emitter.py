@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -72,6 +73,11 @@ class Emitter:
         # tracer is taken, so that the fast path for phase spans applies.
         self._follows_global = isinstance(tracer, trace.ProxyTracer)
         self._before_first_request = before_first_request
+        # Requests that start while another thread (or greenlet) runs the set-up wait for it,
+        # or their spans would go to the API's no-op tracer. Reentrant: a request the set-up
+        # itself makes goes on.
+        self._setting_up = threading.RLock()
+        self._setup_pending = before_first_request is not None
         self.phase_spans = phase_spans
         self._wanted = frozenset(capture_headers)
         self._header_attrs = {name: hdr.attribute_name(name) for name in capture_headers}
@@ -149,12 +155,16 @@ class Emitter:
         return span
 
     def _settle_tracer(self) -> None:
-        setup, self._before_first_request = self._before_first_request, None
-        if setup is not None:
-            try:
-                setup()
-            except Exception:
-                self.failed_once("set-up at the first request")
+        if self._setup_pending:
+            with self._setting_up:
+                setup, self._before_first_request = self._before_first_request, None
+                if setup is not None:
+                    try:
+                        setup()
+                    except Exception:
+                        self.failed_once("set-up at the first request")
+                    finally:
+                        self._setup_pending = False
         if self._follows_global and tracer_provider_is_set():
             self._follows_global = False
             self._tracer = trace.get_tracer(sc.SCOPE_NAME, __version__, schema_url=sc.SCHEMA_URL)

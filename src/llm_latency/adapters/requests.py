@@ -14,9 +14,10 @@ How each phase is observed (hooks on urllib3's classes; each group degrades on i
 - ``send``: ``HTTPConnection.request`` (headers and body written);
 - ``wait``: from there until the response headers are parsed (``HTTPResponse`` is built);
 - ``receive``: from the headers until the body's end is read (urllib3 releases the connection),
-  the response is closed (by the program, or when it is garbage-collected) or drained, or
-  reading fails. Like httpcore, urllib3 reads the socket
-  when the program reads the body, so chunk times are the times the program received them.
+  the response is closed (by the program, or when it is garbage-collected, also inside a
+  reference cycle: see ``_EndsWhenCollected``) or drained, or reading fails. Like httpcore,
+  urllib3 reads the socket when the program reads the body, so chunk times are the times the
+  program received them.
 
 The connection pool (``pools``): a pool is read when the SDK collects, from the first connection
 object it makes (``_new_conn``); a connection opens at the end of ``HTTPConnection.connect``
@@ -57,6 +58,8 @@ from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timel
 _ATTEMPT: Final = "_llm_latency_attempt"
 _CATCHING: Final = "_llm_latency_catching"
 _RELEASED: Final = "_llm_latency_released"
+#: An object only the response holds: it ends the attempt when the response is collected.
+_COLLECTED: Final = "_llm_latency_collected"
 
 _POOL: Final = "urllib3.connectionpool:HTTPConnectionPool"
 _HTTPS_POOL: Final = "urllib3.connectionpool:HTTPSConnectionPool"
@@ -259,6 +262,8 @@ class RequestsAdapter:
         _headers_received(attempt, resp)
         if resp._body is not None or resp.length_remaining == 0 or resp.closed:
             self._emitter.finish(attempt)  # the body was read at once (preload_content)
+        else:
+            resp.__dict__[_COLLECTED] = _EndsWhenCollected(attempt, self._emitter)
 
     def _catching(self, state: tuple[Timeline, Any], catcher: Any) -> Any:
         return _ErrorCatcher(catcher, state[0], state[1], self._emitter)
@@ -290,6 +295,29 @@ class RequestsAdapter:
     def _drained(self, attempt: Timeline, result: Any) -> Any:
         self._emitter.finish(attempt)
         return result
+
+
+class _EndsWhenCollected:
+    """Held by a streamed response only: collected with it, it ends the attempt if nothing
+    else did.
+
+    IOBase's finalizer closes a collected response, and ``close`` ends the attempt, but only
+    when the response is freed on its own. In a reference cycle (Locust's response and its
+    ``request_meta`` hold each other), the garbage collector finalizes the cycle's objects in
+    any order: when the ``http.client`` response inside goes first, the urllib3 response
+    already reads as closed, its finalizer does not call ``close``, and without this the span
+    would never end.
+    """
+
+    __slots__ = ("_attempt", "_emitter")
+
+    def __init__(self, attempt: Timeline, emitter: Emitter) -> None:
+        self._attempt = attempt
+        self._emitter = emitter
+
+    def __del__(self) -> None:
+        if not self._attempt.ended:
+            self._emitter.finish(self._attempt)
 
 
 class _ErrorCatcher:
