@@ -451,7 +451,10 @@ def _itself(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 
 
 def _connection_made(pools: PoolMetrics, pool: Any, connection: Any) -> Any:
-    """``pool`` made a connection object (it connects when first used)."""
+    """``pool`` made a connection object (it connects when first used). Not one made where
+    instrumentation is suppressed (an OTLP exporter's own): it is not the program's."""
+    if not tracing_allowed():
+        return connection
     members = pool.__dict__.get(_CONNECTIONS)
     if members is None:
         members = pool.__dict__.setdefault(_CONNECTIONS, weakref.WeakSet())
@@ -461,7 +464,8 @@ def _connection_made(pools: PoolMetrics, pool: Any, connection: Any) -> Any:
 
 
 def _connection_opened(lifetimes: ConnectionLifetimes, connection: Any, result: Any) -> Any:
-    lifetimes.opened(connection, connection.host, connection.port)
+    if tracing_allowed():
+        lifetimes.opened(connection, connection.host, connection.port)
     return result
 
 
