@@ -30,8 +30,10 @@ async def test_streamed_completion_facts(telemetry: Telemetry, server: LLMServer
     send, wait = phases["send"], phases["wait"]
     assert send.start_time is not None and wait.end_time is not None
     window = (wait.end_time - send.start_time) / 1e9  # from the start of sending: see README
+    # Less the loop lag charged to the wait (a part of the attribute, which adds the receive's).
     lag = attrs["llm_latency.event_loop.lag"]
-    assert attrs["llm_latency.network_overhead"] == pytest.approx(window - 0.2 - lag, abs=1e-6)
+    overhead = attrs["llm_latency.network_overhead"]
+    assert window - 0.2 - lag - 1e-6 <= overhead <= window - 0.2 + 1e-6
     assert 0 <= attrs["llm_latency.network_overhead"] < SLACK
     assert 0.2 - 0.005 <= attrs["gen_ai.response.time_to_first_chunk"] <= 0.2 + SLACK
     assert attrs["llm_latency.stream.events"] == 6  # five deltas and [DONE]
