@@ -105,7 +105,7 @@ class Emitter:
         the span on the timeline. ``previous``, an earlier attempt of the same call (a
         redirect or a resend), is linked, so hops stay connected even without a parent span.
         ``on_loop``: the attempt runs on the running asyncio loop, whose lag is measured."""
-        if self._follows_global or self._before_first_request is not None:
+        if self._follows_global or self._setup_pending:
             self._settle_tracer()
         method = timeline.method
         timeline.host = host
