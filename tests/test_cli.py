@@ -115,7 +115,7 @@ def test_probe_network_overhead_is_never_negative(client: str) -> None:
     requests = report["requests"]
     assert isinstance(requests, list) and len(requests) == 10
     for request in requests:
-        assert request["server_processing"] == pytest.approx(0.2, abs=0.002)
+        assert 0.2 <= request["server_processing"] < 0.2 + SLACK, request  # what it spent
         assert 0 <= request["network_overhead"] < SLACK, request
 
 

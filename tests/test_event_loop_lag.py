@@ -79,17 +79,17 @@ async def test_lag_is_the_programs_share_of_the_wait(
         await burst(session, url, 0.15 if blocked else None)
     rows = facts(telemetry)
     assert len(rows) == CONCURRENCY
-    processing = {row["llm_latency.server.processing_time"] for row in rows}
-    assert all(abs(p - INJECTED) < 0.01 for p in processing), processing
-    for row in rows:
-        assert row["llm_latency.network_overhead"] >= 0, row
-    # What is left of the send-to-first-byte window once the program's share is taken out:
-    # the provider's time and the network's, never less than the server's processing time.
-    provider = sorted(row["window"] - row["llm_latency.event_loop.lag"] for row in rows)
     lags = [row["llm_latency.event_loop.lag"] for row in rows]
-    assert provider[0] > INJECTED - 0.01, provider
-    # The server (another process on 2 cores, 50 requests at once) may queue a few of them.
-    assert statistics.median(provider) < INJECTED + 0.03, provider
+    # The mock server reports the time it really spent (at least the injected wait; more when
+    # its own process is slow, 2 cores and 50 requests at once): that is the provider's share.
+    for row in rows:
+        processing = row["llm_latency.server.processing_time"]
+        assert processing >= INJECTED - 0.001, row
+        # What is left of the send-to-first-byte window once the program's share and the
+        # provider's are taken out: the network, the kernel and the client's own parsing.
+        assert row["llm_latency.network_overhead"] >= 0, row
+    # On loopback that is a few ms, a stalled loop or not: the stall went to the lag.
+    assert statistics.median(row["llm_latency.network_overhead"] for row in rows) < 0.03, rows
     if blocked:
         # The waits grew by the stall; the lag takes it back out.
         assert statistics.median(row["wait"] for row in rows) > INJECTED + 0.15

@@ -2,11 +2,12 @@
 tests and for rehearsing alerts.
 
 ``POST /v1/chat/completions`` (streamed with ``"stream": true``, or not) and ``GET /v1/models``.
-Every response carries ``x-request-id``, ``openai-processing-ms`` (the time the server spent
-before the first byte) and ``x-ratelimit-*`` headers. Every ``rate_limit_every``-th request gets a
-429 with ``retry-after-ms``; a share ``error_rate`` of requests gets a 500. Over TLS, a
-throwaway certificate authority (``trustme``) signs the server's certificate, and a front that
-holds each ClientHello for ``tls_delay`` seconds makes the handshake as slow as a far server's.
+Every response carries ``x-request-id``, ``openai-processing-ms`` (the time the server really
+spent from the request's arrival to its response headers, measured, as a real provider's is) and
+``x-ratelimit-*`` headers. Every ``rate_limit_every``-th request gets a 429 with
+``retry-after-ms``; a share ``error_rate`` of requests gets a 500. Over TLS, a throwaway
+certificate authority (``trustme``) signs the server's certificate, and a front that holds each
+ClientHello for ``tls_delay`` seconds makes the handshake as slow as a far server's.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _headers(state: ServerState, number: int, processing: float) -> dict[str, st
     limit = state.profile.rate_limit_requests
     return {
         "x-request-id": f"req_{uuid.uuid4().hex[:24]}",
-        "openai-processing-ms": str(round(processing * 1000)),
+        "openai-processing-ms": str(int(processing * 1000)),  # whole ms, never more than spent
         "openai-model": "mock-gpt",
         "x-ratelimit-limit-requests": str(limit),
         "x-ratelimit-remaining-requests": str(max(limit - number % limit, 0)),
@@ -73,6 +74,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     profile = state.profile
     number = next(state.counter)
+    loop = asyncio.get_running_loop()
+    arrived = loop.time()
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -87,7 +90,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
             {"error": {"message": "Rate limit reached (mock)", "type": "rate_limit_error"}},
             status=429,
             headers={
-                **_headers(state, number, 0.0),
+                **_headers(state, number, loop.time() - arrived),
                 "retry-after-ms": str(profile.retry_after_ms),
                 "retry-after": str(max(1, round(profile.retry_after_ms / 1000))),
             },
@@ -104,7 +107,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         # The whole answer is generated before the headers: that is the processing time.
         generation = profile.tokens / max(profile.tokens_per_second, 1e-3)
         await asyncio.sleep(generation)
-        headers = _headers(state, number, profile.ttfb + generation)
+        headers = _headers(state, number, loop.time() - arrived)
         return web.json_response(
             {
                 **base,
@@ -124,7 +127,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
             },
             headers=headers,
         )
-    response = web.StreamResponse(headers=_headers(state, number, profile.ttfb))
+    response = web.StreamResponse(headers=_headers(state, number, loop.time() - arrived))
     response.content_type = "text/event-stream"
     await response.prepare(request)
     gap = 1.0 / max(profile.tokens_per_second, 1e-3)
