@@ -10,12 +10,21 @@ from collections.abc import Iterable
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from llm_latency.diagnosis import Finding, diagnose
 from llm_latency.instrumentor import LLMLatencyInstrumentor
 from llm_latency.retry import retry
 from llm_latency.setup import configure_if_unset
 from llm_latency.version import __version__
 
-__all__ = ["LLMLatencyInstrumentor", "__version__", "instrument", "retry", "uninstrument"]
+__all__ = [
+    "Finding",
+    "LLMLatencyInstrumentor",
+    "__version__",
+    "diagnose",
+    "instrument",
+    "retry",
+    "uninstrument",
+]
 
 
 def instrument(

@@ -6,7 +6,6 @@ spans in memory, and reads each request span and its phase children back.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -14,16 +13,18 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import SpanKind
 
-from llm_latency.timeline import PHASE_NAMES
-
-RATELIMIT_HEADERS = (
-    "x-ratelimit-remaining-requests",
-    "x-ratelimit-remaining-tokens",
-    "x-ratelimit-reset-requests",
-    "retry-after-ms",
+from llm_latency import semconv as sc
+from llm_latency.diagnosis.findings import percentile
+from llm_latency.diagnosis.records import (
+    Attempt,
+    SpanRecord,
+    from_readable_spans,
+    is_attempt,
+    to_attempt,
+    to_backoff,
 )
+from llm_latency.timeline import PHASE_NAMES
 
 
 class SpanCollector(SpanProcessor):
@@ -71,6 +72,7 @@ class RequestResult:
     time_to_first_chunk: float | None = None
     server_processing: float | None = None
     network_overhead: float | None = None
+    event_loop_lag: float | None = None
     stream_events: int | None = None
     reused: bool | None = None
     ratelimit: dict[str, str] = field(default_factory=dict)
@@ -85,106 +87,64 @@ class RequestResult:
         data.pop("timings")
         return data
 
-
-def _first(value: Any) -> str | None:
-    if isinstance(value, (tuple, list)):
-        return str(value[0]) if value else None
-    return None if value is None else str(value)
+    @classmethod
+    def of(cls, attempt: Attempt, origin_ns: int) -> RequestResult:
+        """The result of ``attempt``, placed in time from ``origin_ns``."""
+        return cls(
+            url=attempt.url,
+            status=attempt.status,
+            total=attempt.duration,
+            phases={p.name: p.duration for p in attempt.phases},
+            timings=[PhaseTiming(p.name, p.start, p.duration) for p in attempt.phases],
+            start=(attempt.start_ns - origin_ns) / 1e9,
+            request_id=attempt.request_id,
+            time_to_first_chunk=attempt.time_to_first_chunk,
+            server_processing=attempt.server_processing,
+            network_overhead=attempt.network_overhead,
+            event_loop_lag=attempt.event_loop_lag,
+            stream_events=attempt.stream_events,
+            reused=attempt.reused,
+            ratelimit=attempt.ratelimit,
+            error=attempt.error,
+            failed_phase=attempt.failed_phase,
+            resend_count=attempt.resend_count,
+        )
 
 
 def to_results(spans: Iterable[ReadableSpan]) -> list[RequestResult]:
     """Request spans (and ``retry.backoff`` spans) with their phases, in start order."""
-    spans = list(spans)
-    children: dict[int, list[ReadableSpan]] = {}
-    for span in spans:
-        if span.parent is not None:
-            children.setdefault(span.parent.span_id, []).append(span)
-    chosen = [s for s in spans if s.kind is SpanKind.CLIENT or s.name == "retry.backoff"]
-    chosen.sort(key=lambda s: s.start_time or 0)
-    origin = chosen[0].start_time or 0 if chosen else 0
+    records = sorted(from_readable_spans(spans), key=lambda s: s.start_ns)
+    children: dict[str, list[SpanRecord]] = {}
+    for record in records:
+        if record.parent_id is not None:
+            children.setdefault(record.parent_id, []).append(record)
+    chosen = []
+    for record in records:
+        own = children.get(record.span_id, [])
+        if record.name == sc.BACKOFF_SPAN and record.kind == "INTERNAL":
+            chosen.append((record, own, True))
+        elif is_attempt(record, any(sc.PHASE in c.attributes for c in own)):
+            chosen.append((record, own, False))
+    origin = chosen[0][0].start_ns if chosen else 0
     results = []
-    for span in chosen:
-        attrs = dict(span.attributes or {})
-        start, end = span.start_time or 0, span.end_time or 0
-        if span.name == "retry.backoff":
-            results.append(
-                RequestResult(
-                    url="",
-                    status=None,
-                    total=(end - start) / 1e9,
-                    phases={},
-                    timings=[],
-                    start=(start - origin) / 1e9,
-                    kind="backoff",
-                    error=str(attrs.get("llm_latency.backoff.reason")),
-                )
-            )
+    for record, own, is_backoff in chosen:
+        if not is_backoff:
+            results.append(RequestResult.of(to_attempt(record, own), origin))
             continue
-        assert span.context is not None
-        timings = []
-        phases: dict[str, float] = {}
-        for child in children.get(span.context.span_id, []):
-            phase = str((child.attributes or {}).get("llm_latency.phase", ""))
-            if phase not in PHASE_NAMES:
-                continue
-            c_start, c_end = child.start_time or 0, child.end_time or 0
-            phases[phase] = (c_end - c_start) / 1e9
-            timings.append(PhaseTiming(phase, (c_start - start) / 1e9, (c_end - c_start) / 1e9))
-        timings.sort(key=lambda t: PHASE_NAMES.index(t.name))
-        ratelimit = {
-            name: value
-            for name in RATELIMIT_HEADERS
-            if (value := _first(attrs.get(f"http.response.header.{name}"))) is not None
-        }
-        status = attrs.get("http.response.status_code")
-        error = attrs.get("error.type")
+        backoff = to_backoff(record)
         results.append(
             RequestResult(
-                url=str(attrs.get("url.full", "")),
-                status=int(status) if isinstance(status, int) else None,
-                total=(end - start) / 1e9,
-                phases=phases,
-                timings=timings,
-                start=(start - origin) / 1e9,
-                request_id=_first(attrs.get("http.response.header.x-request-id"))
-                or _first(attrs.get("http.response.header.request-id")),
-                time_to_first_chunk=_float(attrs.get("gen_ai.response.time_to_first_chunk")),
-                server_processing=_float(attrs.get("llm_latency.server.processing_time")),
-                network_overhead=_float(attrs.get("llm_latency.network_overhead")),
-                stream_events=_int(attrs.get("llm_latency.stream.events")),
-                reused=attrs.get("llm_latency.connection.reused")  # type: ignore[arg-type]
-                if isinstance(attrs.get("llm_latency.connection.reused"), bool)
-                else None,
-                ratelimit=ratelimit,
-                error=None if error is None or str(error).isdigit() else str(error),
-                failed_phase=_str(attrs.get("llm_latency.failed_phase")),
-                resend_count=_int(attrs.get("http.request.resend_count")) or 0,
+                url="",
+                status=None,
+                total=backoff.duration,
+                phases={},
+                timings=[],
+                start=(backoff.start_ns - origin) / 1e9,
+                kind="backoff",
+                error=backoff.reason,
             )
         )
     return results
-
-
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) else None
-
-
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) of ``values``, by linear interpolation."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def summarize(results: Sequence[RequestResult]) -> dict[str, dict[str, float]]:

@@ -1,0 +1,71 @@
+"""From measurements to a diagnosis: finished calls in, findings with fixes and savings out.
+
+:func:`diagnose` is the one engine behind ``probe``, the demo, ``explain`` and the development
+exporter. It reads llm-latency's own span model, so it works on the SDK's finished spans, on
+spans read back from a trace file, or on :class:`Call` records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from llm_latency.diagnosis.findings import Evidence, Finding, Saving
+from llm_latency.diagnosis.records import (
+    Attempt,
+    Backoff,
+    Call,
+    SpanRecord,
+    calls_from_spans,
+    from_readable_spans,
+)
+from llm_latency.diagnosis.rules import RULES
+
+__all__ = [
+    "Attempt",
+    "Backoff",
+    "Call",
+    "Evidence",
+    "Finding",
+    "Saving",
+    "SpanRecord",
+    "calls_from_spans",
+    "diagnose",
+    "from_readable_spans",
+]
+
+
+def as_calls(items: Iterable[Any]) -> list[Call]:
+    """Calls from a mix of :class:`Call`, :class:`Attempt`, :class:`SpanRecord` and the SDK's
+    finished spans (``ReadableSpan``); spans are grouped into calls by their parents."""
+    calls: list[Call] = []
+    spans: list[SpanRecord] = []
+    readable: list[Any] = []
+    for item in items:
+        if isinstance(item, Call):
+            calls.append(item)
+        elif isinstance(item, Attempt):
+            calls.append(Call(item.method or "request", item.start_ns, item.duration, [item]))
+        elif isinstance(item, SpanRecord):
+            spans.append(item)
+        elif hasattr(item, "context") and hasattr(item, "instrumentation_scope"):
+            readable.append(item)
+        else:
+            raise TypeError(f"cannot diagnose a {type(item).__name__}: pass calls or spans")
+    spans += from_readable_spans(readable)
+    return calls + calls_from_spans(spans)
+
+
+def diagnose(calls: Iterable[Any]) -> list[Finding]:
+    """Findings for ``calls`` (finished calls or spans), the largest expected saving first.
+
+    A rule that does not apply says nothing: a healthy run has no findings. Each finding names
+    the cause, its evidence (phase, share of the time, p50 and p95, how many requests) and the
+    fix with the saving it should bring, computed from these measurements.
+    """
+    records = as_calls(calls)
+    if not any(call.attempts for call in records):
+        return []
+    findings = [finding for rule in RULES if (finding := rule(records)) is not None]
+    findings.sort(key=lambda f: -(f.saving.total if f.saving is not None else 0.0))
+    return findings

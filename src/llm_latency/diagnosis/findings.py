@@ -1,0 +1,126 @@
+"""A finding: a cause, the measurements that show it, and the fix with its expected saving.
+
+Findings are plain data: the CLI prints them (text, JSON, HTML), ``explain`` and the
+development exporter too. Durations are seconds; :func:`duration` writes one for people, with
+a no-break space between the number and its unit so that no wrapping ever splits them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+NBSP = "\u00a0"
+
+
+def duration(seconds: float) -> str:
+    """``0.0123`` -> ``12.3 ms``, ``1.234`` -> ``1.23 s``; the unit never wraps apart."""
+    if seconds != seconds:  # NaN
+        return "-"
+    magnitude = abs(seconds)
+    if magnitude < 0.001:
+        return f"{seconds * 1e6:.0f}{NBSP}µs"
+    if magnitude < 0.1:
+        return f"{seconds * 1000:.1f}{NBSP}ms"
+    if magnitude < 1:
+        return f"{seconds * 1000:.0f}{NBSP}ms"
+    if magnitude < 100:
+        return f"{seconds:.2f}{NBSP}s"
+    return f"{seconds:.0f}{NBSP}s"
+
+
+def percent(share: float) -> str:
+    """``0.384`` -> ``38%``."""
+    return f"{share * 100:.0f}%"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, by linear interpolation; NaN if empty."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What was measured: where (``phase``), what share of the attempts' time it took, its p50
+    and p95 (s) over the ``count`` requests it concerns, out of ``requests`` looked at."""
+
+    phase: str
+    share: float
+    p50: float
+    p95: float
+    count: int
+    requests: int
+
+    @classmethod
+    def of(cls, phase: str, values: Sequence[float], share: float, requests: int) -> Evidence:
+        """Evidence from the per-request ``values`` of ``phase``."""
+        return cls(
+            phase, share, percentile(values, 50), percentile(values, 95), len(values), requests
+        )
+
+    def text(self) -> str:
+        """``http.queue: 38% of the time, p50 820 ms, p95 1.20 s, 30 of 40 requests``."""
+        return (
+            f"{self.phase}: {percent(self.share)} of the time, p50{NBSP}{duration(self.p50)}, "
+            f"p95{NBSP}{duration(self.p95)}, {self.count} of {self.requests} requests"
+        )
+
+
+@dataclass(frozen=True)
+class Saving:
+    """The expected saving of a fix: per request at p50 and p95 (s), on ``requests`` requests."""
+
+    p50: float
+    p95: float
+    requests: int
+
+    @property
+    def total(self) -> float:
+        """Seconds saved over all the requests concerned, at p50."""
+        return self.p50 * self.requests
+
+    def text(self) -> str:
+        """``saves about 820 ms per request at p50 (1.20 s at p95), on 30 requests``."""
+        if self.requests == 1:
+            return f"saves about {duration(self.p50)}"
+        at_p95 = f" ({duration(self.p95)} at p95)" if self.p95 > self.p50 * 1.05 else ""
+        return (
+            f"saves about {duration(self.p50)} per request at p50{at_p95}, "
+            f"on {self.requests} requests: {duration(self.total)} in all"
+        )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: ``rule`` (a stable id), the ``cause`` in a sentence, the ``evidence``,
+    the ``fix``, and its ``saving`` (None when no client-side change can shorten the time)."""
+
+    rule: str
+    cause: str
+    evidence: Evidence
+    fix: str
+    saving: Saving | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The finding as JSON-ready data (seconds as numbers)."""
+        data = asdict(self)
+        if self.saving is not None:
+            data["saving"]["total"] = self.saving.total
+        return data
+
+    def lines(self) -> list[str]:
+        """The finding as three short lines of text: cause and evidence, fix, saving."""
+        saving = self.saving.text() if self.saving is not None else "no client-side saving"
+        return [
+            f"{self.cause} ({self.evidence.text()})",
+            f"fix: {self.fix}",
+            saving,
+        ]

@@ -1,0 +1,330 @@
+"""Finished calls as plain records: what the diagnosis, the CLI and ``explain`` read.
+
+Spans come in three shapes: the SDK's ``ReadableSpan`` (the CLI and the development exporter),
+Jaeger's JSON and OTLP JSON (``explain``). Each is first turned into a :class:`SpanRecord`, then
+:func:`calls_from_spans` reads llm-latency's span model back: request spans (one per attempt)
+with their phase children, ``retry.backoff`` spans, and the logical parent that groups them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_latency import semconv as sc
+from llm_latency.timeline import PHASE_NAMES
+
+#: Rate-limit response headers shown with each attempt, in this order.
+RATELIMIT_HEADERS = (
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "retry-after-ms",
+)
+REQUEST_ID_HEADERS = ("x-request-id", "request-id")
+
+
+@dataclass(frozen=True)
+class SpanRecord:
+    """One span, whatever it was read from. Ids are lowercase hex strings."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    kind: str  # "CLIENT", "INTERNAL", "SERVER", ...
+    start_ns: int  # since the epoch
+    end_ns: int
+    attributes: Mapping[str, Any]
+    scope: str | None = None  # the instrumentation scope's name, when known
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of an attempt: offset from the attempt's start and duration, in seconds."""
+
+    name: str
+    start: float
+    duration: float
+
+
+@dataclass
+class Attempt:
+    """One HTTP attempt (one request span)."""
+
+    start_ns: int
+    duration: float
+    phases: tuple[Phase, ...]
+    url: str = ""
+    host: str = ""
+    method: str = ""
+    status: int | None = None
+    error: str | None = None  # error.type, unless it is just the status code
+    failed_phase: str | None = None
+    reused: bool | None = None
+    request_id: str | None = None
+    server_processing: float | None = None
+    network_overhead: float | None = None
+    event_loop_lag: float | None = None
+    time_to_first_chunk: float | None = None
+    stream_events: int | None = None
+    stream_max_gap: float | None = None
+    resend_count: int = 0
+    ratelimit: dict[str, str] = field(default_factory=dict)
+    trace_id: str = ""
+    span_id: str = ""
+
+    def phase(self, name: str) -> float | None:
+        """The duration of phase ``name`` (s), or None when it did not happen."""
+        for each in self.phases:
+            if each.name == name:
+                return each.duration
+        return None
+
+    @property
+    def connection_setup(self) -> float:
+        """DNS + TCP + TLS (s): what a pooled connection would have saved."""
+        return sum(p.duration for p in self.phases if p.name in ("dns", "connect", "tls"))
+
+    @property
+    def opened_connection(self) -> bool:
+        """True when the attempt connected (it has a connect phase, or was not reused)."""
+        return self.reused is False or self.phase("connect") is not None
+
+    @property
+    def streamed(self) -> bool:
+        """True for a streamed response (its first chunk time or event count is known)."""
+        return self.time_to_first_chunk is not None or bool(self.stream_events)
+
+    @property
+    def first_byte(self) -> float | None:
+        """Seconds from the attempt's start to the end of the wait: the first response byte."""
+        for each in self.phases:
+            if each.name == "wait":
+                return each.start + each.duration
+        return None
+
+    @property
+    def succeeded(self) -> bool:
+        """A response below 400, with no error."""
+        return self.error is None and self.status is not None and self.status < 400
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A ``retry.backoff`` span: the wait between two attempts of one call."""
+
+    start_ns: int
+    duration: float
+    reason: str | None = None
+    retry_after: float | None = None
+
+
+@dataclass
+class Call:
+    """One logical call: its attempts and the backoffs between them, in start order."""
+
+    name: str
+    start_ns: int
+    duration: float
+    attempts: list[Attempt]
+    backoffs: list[Backoff] = field(default_factory=list)
+    trace_id: str = ""
+
+    @property
+    def backoff_time(self) -> float:
+        """Seconds spent waiting between attempts."""
+        return sum(b.duration for b in self.backoffs)
+
+
+def _first(value: Any) -> str | None:
+    if isinstance(value, (tuple, list)):
+        return str(value[0]) if value else None
+    return None if value is None else str(value)
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _int(value: Any) -> int | None:
+    number = _float(value)
+    return None if number is None else int(number)
+
+
+def _bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return None
+
+
+def _header(attributes: Mapping[str, Any], name: str) -> str | None:
+    return _first(attributes.get(f"http.response.header.{name}"))
+
+
+def is_attempt(span: SpanRecord, has_phases: bool) -> bool:
+    """True for llm-latency's request span: a CLIENT span of its scope (or, when the scope is
+    not known, one with phase children or llm-latency's own attributes)."""
+    if span.kind != "CLIENT":
+        return False
+    if span.scope is not None:
+        return span.scope == sc.SCOPE_NAME
+    return has_phases or any(key.startswith("llm_latency.") for key in span.attributes)
+
+
+def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
+    """The attempt a request span and its phase children describe."""
+    attributes = span.attributes
+    phases = []
+    for child in children:
+        name = str(child.attributes.get(sc.PHASE, ""))
+        if name in PHASE_NAMES:
+            phases.append(
+                Phase(
+                    name,
+                    (child.start_ns - span.start_ns) / 1e9,
+                    (child.end_ns - child.start_ns) / 1e9,
+                )
+            )
+    phases.sort(key=lambda p: PHASE_NAMES.index(p.name))
+    status = _int(attributes.get(sc.HTTP_RESPONSE_STATUS_CODE))
+    error = attributes.get(sc.ERROR_TYPE)
+    ratelimit = {
+        name: value
+        for name in RATELIMIT_HEADERS
+        if (value := _header(attributes, name)) is not None
+    }
+    return Attempt(
+        start_ns=span.start_ns,
+        duration=(span.end_ns - span.start_ns) / 1e9,
+        phases=tuple(phases),
+        url=str(attributes.get(sc.URL_FULL, "")),
+        host=str(attributes.get(sc.SERVER_ADDRESS, "")),
+        method=str(attributes.get(sc.HTTP_REQUEST_METHOD, "")),
+        status=status,
+        error=None if error is None or str(error) == str(status) else str(error),
+        failed_phase=_first(attributes.get(sc.FAILED_PHASE)),
+        reused=_bool(attributes.get(sc.CONNECTION_REUSED)),
+        request_id=next(
+            (rid for name in REQUEST_ID_HEADERS if (rid := _header(attributes, name))), None
+        ),
+        server_processing=_float(attributes.get(sc.SERVER_PROCESSING_TIME)),
+        network_overhead=_float(attributes.get(sc.NETWORK_OVERHEAD)),
+        event_loop_lag=_float(attributes.get(sc.EVENT_LOOP_LAG)),
+        time_to_first_chunk=_float(attributes.get(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)),
+        stream_events=_int(attributes.get(sc.STREAM_EVENTS)),
+        stream_max_gap=_float(attributes.get(sc.STREAM_MAX_GAP)),
+        resend_count=_int(attributes.get(sc.HTTP_REQUEST_RESEND_COUNT)) or 0,
+        ratelimit=ratelimit,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+    )
+
+
+def to_backoff(span: SpanRecord) -> Backoff:
+    """The backoff a ``retry.backoff`` span describes."""
+    reason = span.attributes.get(sc.BACKOFF_REASON)
+    return Backoff(
+        start_ns=span.start_ns,
+        duration=(span.end_ns - span.start_ns) / 1e9,
+        reason=None if reason is None else str(reason),
+        retry_after=_float(span.attributes.get(sc.BACKOFF_RETRY_AFTER)),
+    )
+
+
+def calls_from_spans(spans: Iterable[SpanRecord]) -> list[Call]:
+    """The logical calls in ``spans``, in start order.
+
+    Attempts and backoffs that share a parent span belong to one call, split where a fresh
+    attempt (resend count 0, no backoff before it) begins: a program span that makes three
+    different requests holds three calls. An attempt with no parent in ``spans`` is a call of
+    its own. Spans that are not llm-latency's are ignored.
+    """
+    spans = list(spans)
+    by_id = {s.span_id: s for s in spans}
+    children: dict[str, list[SpanRecord]] = {}
+    for span in spans:
+        if span.parent_id is not None:
+            children.setdefault(span.parent_id, []).append(span)
+    members: list[tuple[int, str | None, Attempt | Backoff]] = []
+    for span in spans:
+        if span.name == sc.BACKOFF_SPAN and span.kind == "INTERNAL":
+            members.append((span.start_ns, span.parent_id, to_backoff(span)))
+            continue
+        own = children.get(span.span_id, [])
+        has_phases = any(sc.PHASE in child.attributes for child in own)
+        if is_attempt(span, has_phases):
+            members.append((span.start_ns, span.parent_id, to_attempt(span, own)))
+    members.sort(key=lambda m: m[0])
+    calls: list[Call] = []
+    open_by_parent: dict[str, Call] = {}
+    for _, parent_id, member in members:
+        parent = by_id.get(parent_id) if parent_id is not None else None
+        current = open_by_parent.get(parent_id) if parent is not None and parent_id else None
+        if isinstance(member, Backoff):
+            if current is not None:
+                current.backoffs.append(member)
+            continue
+        continues = current is not None and (
+            member.resend_count > 0
+            or (current.backoffs and current.backoffs[-1].start_ns >= current.attempts[-1].start_ns)
+        )
+        if current is not None and continues:
+            current.attempts.append(member)
+            continue
+        call = _new_call(member, parent)
+        calls.append(call)
+        if parent is not None and parent_id:
+            open_by_parent[parent_id] = call
+    for call in calls:
+        _close(call)
+    return calls
+
+
+def _new_call(attempt: Attempt, parent: SpanRecord | None) -> Call:
+    name = parent.name if parent is not None else attempt.method or "request"
+    return Call(name, attempt.start_ns, 0.0, [attempt], trace_id=attempt.trace_id)
+
+
+def _close(call: Call) -> None:
+    """The call's bounds: from its first attempt to the end of its last attempt or backoff."""
+    ends = [a.start_ns + int(a.duration * 1e9) for a in call.attempts]
+    ends += [b.start_ns + int(b.duration * 1e9) for b in call.backoffs]
+    call.duration = (max(ends) - call.start_ns) / 1e9
+
+
+def from_readable_spans(spans: Iterable[Any]) -> list[SpanRecord]:
+    """SpanRecords of the SDK's finished spans (``ReadableSpan``)."""
+    records = []
+    for span in spans:
+        context = span.context
+        if context is None:
+            continue
+        parent = span.parent
+        scope = span.instrumentation_scope
+        records.append(
+            SpanRecord(
+                trace_id=f"{context.trace_id:032x}",
+                span_id=f"{context.span_id:016x}",
+                parent_id=None if parent is None else f"{parent.span_id:016x}",
+                name=span.name,
+                kind=span.kind.name,
+                start_ns=span.start_time or 0,
+                end_ns=span.end_time or span.start_time or 0,
+                attributes=dict(span.attributes or {}),
+                scope=None if scope is None else scope.name,
+            )
+        )
+    return records
