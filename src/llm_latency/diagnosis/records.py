@@ -175,9 +175,10 @@ def _header(attributes: Mapping[str, Any], name: str) -> str | None:
 
 
 def is_attempt(span: SpanRecord, has_phases: bool) -> bool:
-    """True for llm-latency's request span: a CLIENT span of its scope (or, when the scope is
-    not known, one with phase children or llm-latency's own attributes)."""
-    if span.kind != "CLIENT":
+    """True for llm-latency's request span: a span of its scope with ``url.full`` (CLIENT, or
+    INTERNAL under another instrumentation's CLIENT span for the same request). When the scope
+    is not known, a span with ``url.full`` and phase children or llm-latency's attributes."""
+    if sc.URL_FULL not in span.attributes:
         return False
     if span.scope is not None:
         return span.scope == sc.SCOPE_NAME
@@ -272,6 +273,11 @@ def calls_from_spans(spans: Iterable[SpanRecord]) -> list[Call]:
     open_by_parent: dict[str, Call] = {}
     for _, parent_id, member in members:
         parent = by_id.get(parent_id) if parent_id is not None else None
+        # Another instrumentation's CLIENT span for the same request wraps the attempt: the
+        # logical parent is above it.
+        while parent is not None and parent.kind == "CLIENT":
+            parent_id = parent.parent_id
+            parent = by_id.get(parent_id) if parent_id is not None else None
         current = open_by_parent.get(parent_id) if parent is not None and parent_id else None
         if isinstance(member, Backoff):
             if current is not None:

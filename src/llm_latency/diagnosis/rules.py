@@ -24,7 +24,9 @@ QUEUE_MIN_WAIT: Final = 0.005
 SLOW_DNS: Final = 0.05
 #: slow-connect: TCP + TLS p50 at least this (s).
 SLOW_CONNECT: Final = 0.1
-#: server-time: the provider's own time is at least this share of ``http.wait``...
+#: server-time: the provider's own time is at least this (s) at p50...
+SERVER_MIN_TIME: Final = 0.5
+#: ... at least this share of ``http.wait``...
 SERVER_MIN_SHARE_OF_WAIT: Final = 0.8
 #: ... and ``http.wait`` at least this share of the attempts' time.
 WAIT_MIN_SHARE: Final = 0.5
@@ -184,6 +186,8 @@ def server_time(calls: Sequence[Call]) -> Finding | None:
         return None
     server = [a.server_processing or 0.0 for a in attempts]
     waits = [a.phase("wait") or 0.0 for a in attempts]
+    if percentile(server, 50) < SERVER_MIN_TIME:
+        return None
     if sum(server) < SERVER_MIN_SHARE_OF_WAIT * sum(waits):
         return None
     if sum(waits) < WAIT_MIN_SHARE * _total(attempts):

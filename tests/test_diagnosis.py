@@ -1,0 +1,401 @@
+"""The diagnosis engine: each rule on a real scenario that produces it, and on one that must not.
+
+Every scenario runs instrumented aiohttp against a loopback server (the tests' LLM server, the
+mock server for TLS handshakes, the local DNS server), then diagnoses the exported spans: the
+same path as ``probe``, ``explain`` and the development exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+import llm_latency
+from llm_latency import Finding, diagnose
+from llm_latency.cli.dns_server import LocalDNS
+from llm_latency.cli.mock_server import Profile, running
+from llm_latency.diagnosis import (
+    Attempt,
+    Call,
+    SpanRecord,
+    calls_from_spans,
+    from_readable_spans,
+    rules,
+)
+from tests.conftest import Telemetry
+from tests.servers import LLMServer
+from tests.test_cli import mock_server
+
+
+def rules_found(findings: list[Finding]) -> list[str]:
+    return [f.rule for f in findings]
+
+
+def finding(findings: list[Finding], rule: str) -> Finding:
+    (found,) = [f for f in findings if f.rule == rule]
+    return found
+
+
+async def run(
+    n: int,
+    url: str,
+    *,
+    concurrent: bool = False,
+    session_per_request: bool = False,
+    **connector: Any,
+) -> None:
+    """``n`` POSTs to ``url``, one after another or all at once, on one session or a fresh one
+    (and a fresh connection) per request."""
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        async with session.post(url, json={"model": "m"}) as response:
+            await response.read()
+
+    async def fresh() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(**connector)) as session:
+            await one(session)
+
+    if session_per_request:
+        jobs: list[Callable[[], Awaitable[None]]] = [fresh] * n
+        if concurrent:
+            await asyncio.gather(*(job() for job in jobs))
+        else:
+            for job in jobs:
+                await job()
+        return
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(**connector)) as session:
+        if concurrent:
+            await asyncio.gather(*(one(session) for _ in range(n)))
+        else:
+            for _ in range(n):
+                await one(session)
+
+
+# -- new connections -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["fresh", "pooled"])
+async def test_new_connections(telemetry: Telemetry, pooled: bool) -> None:
+    async with running(Profile(ttfb=0.01, tokens=1, tls_delay=0.03), tls=True) as mock:
+        assert mock.ca_file is not None
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(mock.ca_file))
+        await run(6, mock.url(), session_per_request=not pooled, ssl=context)
+    findings = diagnose(telemetry.spans())
+    if pooled:
+        assert "new-connections" not in rules_found(findings)
+        return
+    found = finding(findings, "new-connections")
+    # One connection was needed (sequential requests); the other five paid DNS+TCP+TLS again.
+    assert found.evidence.count == 5 and found.evidence.requests == 6
+    assert found.evidence.phase == "dns+connect+tls"
+    assert found.evidence.p50 >= 0.03  # the handshake the server held back
+    assert found.saving is not None and found.saving.requests == 5
+    assert found.saving.p50 == found.evidence.p50
+    assert "reuse one client" in found.fix
+
+
+async def test_concurrent_requests_need_their_own_connections(telemetry: Telemetry) -> None:
+    """Six at once on one session open six connections: the concurrency needs them."""
+    async with running(Profile(ttfb=0.05, tokens=1, tls_delay=0.03), tls=True) as mock:
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(mock.ca_file))
+        await run(6, mock.url(), concurrent=True, ssl=context)
+    assert sum(a.opened_connection for c in _calls(telemetry) for a in c.attempts) == 6
+    assert "new-connections" not in rules_found(diagnose(telemetry.spans()))
+
+
+# -- the pool's queue ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [2, 8])
+async def test_pool_queue(telemetry: Telemetry, server: LLMServer, limit: int) -> None:
+    await run(8, server.url(wait=0.1), concurrent=True, limit=limit)
+    findings = diagnose(telemetry.spans())
+    if limit == 8:
+        assert "pool-queue" not in rules_found(findings)
+        return
+    found = finding(findings, "pool-queue")
+    # 8 at once through 2 connections: 6 waited, in three rounds of about 0.1 s.
+    assert found.evidence.count == 6
+    assert 0.08 < found.evidence.p50 < 0.3
+    assert "from 2 to 8" in found.fix
+    assert found.saving is not None and found.saving.p50 == found.evidence.p50
+    # The largest saving comes first.
+    assert findings[0].rule == "pool-queue"
+
+
+# -- DNS, TCP and TLS ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delay", [0.08, 0.0])
+async def test_slow_dns(
+    telemetry: Telemetry, server: LLMServer, dns: LocalDNS, delay: float
+) -> None:
+    dns.resolver.delay = delay
+    resolver = aiohttp.AsyncResolver(nameservers=[dns.nameserver])
+    try:
+        for name in ("a.llm.test", "b.llm.test"):  # two names: c-ares caches answers itself
+            await run(1, server.url(host=name), resolver=resolver)
+    finally:
+        await resolver.close()
+    findings = diagnose(telemetry.spans())
+    if not delay:
+        assert "slow-dns" not in rules_found(findings)
+        return
+    found = finding(findings, "slow-dns")
+    assert found.evidence.count == 2 and found.evidence.p50 >= delay
+    assert "caching resolver" in found.fix
+
+
+@pytest.mark.parametrize("tls_delay", [0.15, 0.0])
+async def test_slow_connect(telemetry: Telemetry, tls_delay: float) -> None:
+    async with running(Profile(ttfb=0.01, tokens=1, tls_delay=tls_delay), tls=True) as mock:
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(mock.ca_file))
+        await run(2, mock.url(), ssl=context)
+    findings = diagnose(telemetry.spans())
+    if not tls_delay:
+        assert "slow-connect" not in rules_found(findings)
+        return
+    found = finding(findings, "slow-connect")
+    assert found.evidence.count == 1  # the second request was pooled
+    assert found.evidence.p50 >= tls_delay
+    assert "nearer" in found.fix
+
+
+# -- the server's time and the network's -----------------------------------------------------
+
+
+async def test_server_time_dominates(telemetry: Telemetry, server: LLMServer) -> None:
+    await run(3, server.url(wait=0.6))
+    findings = diagnose(telemetry.spans())
+    found = finding(findings, "server-time")
+    assert found.saving is None  # only the provider's side can shorten it
+    assert 0.6 <= found.evidence.p50 < 0.62
+    assert "streaming" in found.fix  # the answers were not streamed
+    assert "network-overhead" not in rules_found(findings)
+
+
+async def test_network_overhead(telemetry: Telemetry, server: LLMServer) -> None:
+    """A server that took 0.3 s to answer but reports 0.1 s: 0.2 s the network and edge's."""
+    await run(3, server.url(wait=0.3, **{"header_openai-processing-ms": "100"}))
+    findings = diagnose(telemetry.spans())
+    found = finding(findings, "network-overhead")
+    assert 0.19 < found.evidence.p50 < 0.25
+    assert found.saving is not None and found.saving.requests == 3
+    assert "probe URL1 URL2" in found.fix
+    assert "server-time" not in rules_found(findings)  # 0.1 of 0.3 s is not most of the wait
+
+
+# -- rate limits and retries -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failures", [2, 0])
+async def test_rate_limits(telemetry: Telemetry, server: LLMServer, failures: int) -> None:
+    url = server.url(scenario=f"rl{failures}", fail=failures, retry_ms=80)
+
+    @llm_latency.retry(attempts=4, base_delay=0.01)
+    async def complete(session: aiohttp.ClientSession) -> None:
+        async with session.post(url, json={}, raise_for_status=True) as response:
+            await response.read()
+
+    async with aiohttp.ClientSession() as session:
+        await complete(session)
+        await complete(session)  # a second call, not retried
+    findings = diagnose(telemetry.spans())
+    if not failures:
+        assert "rate-limits" not in rules_found(findings)
+        return
+    calls = _calls(telemetry)
+    assert [len(c.attempts) for c in calls] == [3, 1]
+    assert len(calls[0].backoffs) == 2
+    found = finding(findings, "rate-limits")
+    assert "2 of 4 attempts were rate limited" in found.cause
+    # The call that retried lost its two 429s and two backoffs of at least 80 ms each.
+    assert found.saving is not None and found.saving.requests == 1
+    assert found.saving.p50 >= 0.16
+    assert "retry-after" in found.fix
+
+
+# -- streaming -------------------------------------------------------------------------------
+
+
+async def test_not_streamed(telemetry: Telemetry, server: LLMServer) -> None:
+    """A long answer read whole, next to streamed ones whose first chunk came after 0.1 s."""
+    await run(2, server.url(wait=1.05))
+    await run(2, server.url(wait=0.1, chunks=3, sse=1))
+    found = finding(diagnose(telemetry.spans()), "not-streamed")
+    assert found.evidence.count == 2 and found.evidence.p50 >= 1.05
+    assert found.saving is not None
+    # The whole answer took about 1.05 s; a stream's first chunk came after about 0.1 s.
+    assert 0.85 < found.saving.p50 < 1.0
+
+
+async def test_streamed_answers_are_not_told_to_stream(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    await run(2, server.url(wait=1.05, chunks=3, sse=1))
+    assert "not-streamed" not in rules_found(diagnose(telemetry.spans()))
+
+
+async def _stall_server(stall: float) -> tuple[web.AppRunner, str]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(20):
+            await asyncio.sleep(stall if i == 10 else 0.01)
+            await response.write(f"data: {json.dumps({'n': i})}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/v1/chat/completions"
+
+
+@pytest.mark.parametrize("stall", [1.1, 0.01])
+async def test_stream_stall(telemetry: Telemetry, stall: float) -> None:
+    runner, url = await _stall_server(stall)
+    try:
+        await run(1, url)
+    finally:
+        await runner.cleanup()
+    findings = diagnose(telemetry.spans())
+    if stall < 1:
+        assert "stream-stall" not in rules_found(findings)
+        return
+    found = finding(findings, "stream-stall")
+    assert found.evidence.count == 1 and found.evidence.p50 >= 1.1
+    assert found.saving is not None and found.saving.p50 > 1.0
+
+
+# -- the program's own event loop ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("blocked", [True, False], ids=["blocked loop", "idle loop"])
+async def test_event_loop_lag(telemetry: Telemetry, blocked: bool) -> None:
+    """The mock server runs in its own process: blocking this loop does not delay it."""
+    with mock_server("--ttfb", "0.2", "--tokens", "1", "--tokens-per-second", "1000") as mock:
+        async with aiohttp.ClientSession() as session:
+
+            async def one() -> None:
+                async with session.post(mock.url, json={}) as response:
+                    await response.read()
+
+            tasks = [asyncio.create_task(one()) for _ in range(10)]
+            if blocked:
+                await asyncio.sleep(0.1)
+                time.sleep(0.35)  # noqa: ASYNC251 - the program's own stall under test
+            await asyncio.gather(*tasks)
+    findings = diagnose(telemetry.spans())
+    if not blocked:
+        assert "event-loop-lag" not in rules_found(findings)
+        return
+    found = finding(findings, "event-loop-lag")
+    assert found.evidence.count == 10 and found.evidence.p50 > 0.15
+    assert "the event loop was blocked for" in found.cause
+    # openai-processing-ms: the mock server's own time, 0.2 s and its share of the load
+    assert re.search(r"the provider answered in 2\d\d\xa0ms at p50", found.cause), found.cause
+    assert "the rest is this program" in found.cause
+    assert "off the event loop" in found.fix
+
+
+# -- a healthy run, and the records behind the rules -----------------------------------------
+
+
+async def test_a_healthy_run_has_no_findings(telemetry: Telemetry, server: LLMServer) -> None:
+    await run(5, server.url(wait=0.02))
+    assert diagnose(telemetry.spans()) == []
+
+
+def _calls(telemetry: Telemetry) -> list[Call]:
+    return calls_from_spans(from_readable_spans(telemetry.spans()))
+
+
+async def test_calls_group_retries_and_split_independent_requests(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    """Under one program span: a call retried once, then two separate requests."""
+    from opentelemetry import trace
+
+    tracer = trace.get_tracer("program", tracer_provider=telemetry.tracer_provider)
+    url = server.url(scenario="grouping", fail=1, retry_ms=20)
+
+    @llm_latency.retry(attempts=3, base_delay=0.01)
+    async def complete(session: aiohttp.ClientSession) -> None:
+        async with session.post(url, json={}, raise_for_status=True) as response:
+            await response.read()
+
+    with tracer.start_as_current_span("handler"):
+        async with aiohttp.ClientSession() as session:
+            await complete(session)
+            for _ in range(2):
+                async with session.get(server.url()) as response:
+                    await response.read()
+    calls = _calls(telemetry)
+    assert [len(c.attempts) for c in calls] == [2, 1, 1]
+    assert [len(c.backoffs) for c in calls] == [1, 0, 0]
+    assert [a.resend_count for a in calls[0].attempts] == [0, 1]
+    assert calls[0].attempts[0].status == 429 and calls[0].attempts[1].succeeded
+    assert calls[0].duration >= calls[0].backoff_time + sum(a.duration for a in calls[0].attempts)
+    assert calls[1].attempts[0].request_id == "req_test_123"
+
+
+def test_diagnose_refuses_what_it_cannot_read() -> None:
+    with pytest.raises(TypeError, match="cannot diagnose a str"):
+        diagnose(["not a span"])
+
+
+def test_records_in_any_mix() -> None:
+    """Attempts and SpanRecords diagnose like spans (what ``explain`` reads from a file)."""
+    record = SpanRecord(
+        trace_id="1" * 32,
+        span_id="2" * 16,
+        parent_id=None,
+        name="POST",
+        kind="CLIENT",
+        start_ns=0,
+        end_ns=2_000_000_000,
+        attributes={
+            "url.full": "http://h/v1/chat/completions",
+            "llm_latency.stream.events": 3,
+            "http.response.status_code": 200,
+        },
+        scope="llm_latency",
+    )
+    phase = SpanRecord(
+        "1" * 32, "3" * 16, "2" * 16, "http.wait", "INTERNAL", 0, 1_500_000_000,
+        {"llm_latency.phase": "wait"}, "llm_latency",
+    )  # fmt: skip
+    (attempt,) = calls_from_spans([record, phase])[0].attempts
+    assert attempt.phase("wait") == 1.5 and attempt.streamed
+    assert isinstance(attempt, Attempt)
+    assert diagnose([attempt]) == diagnose([record, phase]) == []
+
+
+def test_thresholds_are_documented() -> None:
+    """Each rule's thresholds are named constants, and README lists every one of them."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    names = [n for n in vars(rules) if n.isupper() and isinstance(getattr(rules, n), float)]
+    assert len(names) >= 15
+    missing = [n for n in names if f"`{n}`" not in readme]
+    assert not missing, missing
+    assert all(rule.__doc__ for rule in rules.RULES)
