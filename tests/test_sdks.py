@@ -4,7 +4,9 @@ provider-compatible server: one request span per attempt, with the provider's fa
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -211,3 +213,22 @@ async def test_api_keys_never_exported(telemetry: Telemetry, provider: ProviderS
     assert len(telemetry.requests()) == 2
     assert OPENAI_KEY not in exported
     assert ANTHROPIC_KEY not in exported
+
+
+async def test_instrument_imports_nothing_and_hooks_sdks_when_imported(
+    provider: ProviderServer,
+) -> None:
+    """instrument() does not import the SDKs (more than a second and thousands of modules) nor
+    the clients: each is hooked when the program imports it."""
+    program = Path(__file__).parent / "programs" / "lazy_sdk.py"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(program), provider.openai_base,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    assert out.decode().splitlines() == [
+        "OK imported by instrument(): []",
+        "OK openai POST /chat/completions > POST /v1/chat/completions",
+        "OK anthropic hooked after uninstrument(): False",
+    ]

@@ -3,6 +3,10 @@
 Each client library is instrumented on its own: one that is missing, outside its supported
 range, or changed beyond what an adapter can hook is skipped (or loses only the phases it can
 no longer show) with one warning line, and the others are instrumented all the same.
+
+A library is hooked when the program imports it (at once if it already has): ``instrument()``
+never imports one itself. Importing the openai and anthropic SDKs costs more than a second and
+thousands of modules, which a program that never uses them should not pay.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ import importlib
 import importlib.metadata
 import importlib.util
 import logging
+import sys
+import threading
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import wrapt
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.dependencies import (
     DependencyConflict,
@@ -164,6 +171,9 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     _adapters: list[Adapter]
     emitter: Emitter | None = None
+    #: The emitter whose import hooks may still install adapters (None once uninstrumented).
+    _live: Emitter | None = None
+    _adapters_lock = threading.Lock()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         """The supported range of every library llm-latency hooks. Any one of the clients is
@@ -192,19 +202,42 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             phase_spans=bool(kwargs.get("phase_spans", True)),
             before_first_request=before_first_request,
         )
-        self.emitter = emitter
+        self.emitter = self._live = emitter
         self._adapters = []
         chosen = [(name, CLIENTS[name]) for name in select_clients(kwargs.get("clients"))]
         chosen += [(name, target) for name, target in SDKS.items() if _installed(target.module)]
         for name, target in chosen:
+            if target.module in sys.modules:
+                self._add(name, target, emitter)
+            else:
+                wrapt.register_post_import_hook(
+                    self._when_imported(name, target, emitter), target.module
+                )
+
+    def _when_imported(self, name: str, target: Target, emitter: Emitter) -> Callable[[Any], None]:
+        """An import hook that installs the adapter, unless this instrumentation has ended by
+        then (hooks cannot be unregistered: a stale one does nothing)."""
+
+        def imported(_module: Any) -> None:
+            if self._live is emitter:
+                self._add(name, target, emitter)
+
+        return imported
+
+    def _add(self, name: str, target: Target, emitter: Emitter) -> None:
+        with self._adapters_lock:
+            if self._live is not emitter:
+                return
             adapter = _load(name, target, emitter)
             if adapter is not None:
                 self._adapters.append(adapter)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        adapters = getattr(self, "_adapters", [])
-        while adapters:
-            adapters.pop().uninstall()
+        with self._adapters_lock:
+            self._live = None
+            adapters = getattr(self, "_adapters", [])
+            while adapters:
+                adapters.pop().uninstall()
         if self.emitter is not None:
             self.emitter.finish_all()
         self.emitter = None
