@@ -1,0 +1,304 @@
+"""Where llm-latency's CPU per request goes: a cost budget, by part, for each client and workload.
+
+For each client and workload (the JSON completion and the 100-event stream of
+``bench/overhead.py``, against its loopback server in its own process):
+
+1. the added CPU per request, measured side by side without a profiler: the bare client and
+   llm-latency (phase spans on, metrics on, ``BatchSpanProcessor``), each in a fresh
+   interpreter, ``--rounds`` rounds in alternating order, medians;
+2. a cProfile run of each of the two, in fresh interpreters again. The profiled llm-latency run
+   is split into parts by the functions that do each job (below); the difference of the two
+   profiled totals is what llm-latency added under the profiler, and what no part claims is
+   left as "the rest" (the interpreter's own work, garbage collection, profiler noise);
+3. each part's share of the profiled addition, applied to the added CPU of step 1 (a profiler
+   slows small functions more than large ones: the shares are estimates, the total is not).
+
+Parts:
+
+- hooks: the adapters' wrappers and hook functions (their own time, and the OpenTelemetry API
+  calls they make: ``traceparent`` injection, context);
+- Timeline: recording phase boundaries;
+- request span start: ``Emitter.start`` (span creation, attributes known at the start);
+- request span end: ending the span, its status, and the facts read from the Timeline;
+- attributes: the response attributes set at the end (headers selected, facts);
+- phase spans: one finished span per phase;
+- metric records: every histogram and counter record, exemplars included (and, of those, the
+  exemplar sampling alone);
+- stream counting: SSE parsing and chunk timing;
+- logical calls: attempt numbering and backoffs of a call;
+- event-loop lag monitor: its ticks and its per-attempt bookkeeping.
+
+    python bench/cost_budget.py                    # every client, about 3 minutes on 2 cores
+    python bench/cost_budget.py --clients aiohttp
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import overhead
+
+Key = tuple[str, int, str]  # (file, line, function), as pstats names a function
+PROFILED_REQUESTS = {"json": 1500, "stream100": 300}
+
+SRC = f"{os.sep}llm_latency{os.sep}"
+OTEL = f"{os.sep}opentelemetry{os.sep}"
+
+
+def _in(key: Key, *parts: str) -> bool:
+    return SRC in key[0] and any(key[0].endswith(part) for part in parts)
+
+
+def _named(key: Key, module: str, *functions: str) -> bool:
+    return _in(key, module) and key[2] in functions
+
+
+class Profile:
+    """A pstats table with the questions the budget asks of it."""
+
+    def __init__(self, path: str) -> None:
+        self.stats: dict[Key, Any] = pstats.Stats(path).stats  # type: ignore[attr-defined]
+
+    def total(self) -> float:
+        return sum(entry[2] for entry in self.stats.values())
+
+    def own(self, chosen: Callable[[Key], bool]) -> float:
+        """Own (exclusive) time of the chosen functions."""
+        return sum(entry[2] for key, entry in self.stats.items() if chosen(key))
+
+    def inclusive(self, chosen: Callable[[Key], bool]) -> float:
+        """Inclusive time of the chosen functions, counted once: calls among them are not added
+        again (their time is in their callers' already)."""
+        time_ = 0.0
+        for key, (_, _, _, _, callers) in self.stats.items():
+            if not chosen(key):
+                continue
+            for caller, edge in callers.items():
+                if not chosen(caller):
+                    time_ += edge[3]
+        return time_
+
+    def calls_from(
+        self, caller_chosen: Callable[[Key], bool], callee_chosen: Callable[[Key], bool]
+    ) -> float:
+        """Inclusive time of calls from the chosen callers into the chosen callees."""
+        time_ = 0.0
+        for key, (_, _, _, _, callers) in self.stats.items():
+            if not callee_chosen(key):
+                continue
+            for caller, edge in callers.items():
+                if caller_chosen(caller):
+                    time_ += edge[3]
+        return time_
+
+
+ADAPTERS = ("_patching.py", "aiohttp.py", "httpcore.py", "requests.py", "_resolver.py", "sdks.py")
+CALL_METHODS = ("_attempt_starts", "_attempt_ends", "start_backoff", "open_call", "close_call")
+
+
+def is_hook(key: Key) -> bool:
+    return f"{SRC}adapters{os.sep}" in key[0] and _in(key, *ADAPTERS)
+
+
+def is_otel(key: Key) -> bool:
+    return OTEL in key[0]
+
+
+def is_timeline(key: Key) -> bool:
+    return _in(key, "timeline.py") and key[2] != "chunk"
+
+
+def is_stream(key: Key) -> bool:
+    return _in(key, "sse.py") or _named(key, "timeline.py", "chunk")
+
+
+def is_start(key: Key) -> bool:
+    return _named(key, "emitter.py", "start")
+
+
+def is_calls(key: Key) -> bool:
+    return _in(key, "calls.py", "retry.py") or _named(key, "emitter.py", *CALL_METHODS, "_end_call")
+
+
+def is_lag(key: Key) -> bool:
+    return _in(key, "event_loop.py")
+
+
+def is_phases(key: Key) -> bool:
+    return _named(key, "emitter.py", "_emit_phases")
+
+
+def is_phase_record(key: Key) -> bool:
+    return _named(key, "metrics.py", "phase")
+
+
+def is_metrics(key: Key) -> bool:
+    return _named(key, "emitter.py", "_record_metrics") or is_phase_record(key)
+
+
+def is_emit(key: Key) -> bool:
+    return _named(key, "emitter.py", "_emit")
+
+
+def is_finish(key: Key) -> bool:
+    return _named(key, "emitter.py", "finish", "finish_failed", "_loop_lag")
+
+
+def is_exemplar(key: Key) -> bool:
+    return is_otel(key) and key[2] == "_sample_exemplar"
+
+
+def is_set_attributes(key: Key) -> bool:
+    return is_otel(key) and key[2] == "set_attributes"
+
+
+def is_headers(key: Key) -> bool:
+    return _in(key, "headers.py")
+
+
+def is_emitted_elsewhere(key: Key) -> bool:
+    return is_phases(key) or is_metrics(key) or is_calls(key)
+
+
+def budget(profile: Profile) -> dict[str, float]:
+    """Profiled seconds per part of the llm-latency run."""
+    parts: dict[str, float] = {}
+    parts["hooks"] = profile.own(is_hook) + profile.calls_from(is_hook, is_otel)
+    parts["Timeline"] = profile.own(is_timeline)
+    parts["stream counting"] = profile.inclusive(is_stream)
+    parts["logical calls"] = profile.inclusive(is_calls)
+    parts["event-loop lag monitor"] = profile.inclusive(is_lag)
+    parts["request span start"] = profile.inclusive(is_start) - profile.calls_from(
+        is_start, is_calls
+    )
+    parts["phase spans"] = profile.inclusive(is_phases) - profile.calls_from(
+        is_phases, is_phase_record
+    )
+    parts["metric records"] = profile.inclusive(is_metrics)
+    parts["  of which exemplars"] = profile.inclusive(is_exemplar)
+    parts["attributes"] = profile.calls_from(is_emit, is_set_attributes) + profile.calls_from(
+        is_emit, is_headers
+    )
+    emit = profile.inclusive(is_emit)
+    finish_own = profile.inclusive(is_finish) - emit - profile.calls_from(is_finish, is_lag)
+    parts["request span end"] = (
+        emit
+        - profile.calls_from(is_emit, is_emitted_elsewhere)
+        - parts["attributes"]
+        + max(finish_own, 0.0)
+    )
+    return parts
+
+
+# -- workers ---------------------------------------------------------------------------------
+
+
+def profiled_worker(client: str, mode: str, workload: str, port: int, out: str) -> None:
+    """One profiled run: warm up (imports, instrumentation), then profile only the requests."""
+    spec = overhead.WORKLOADS[workload]
+    spec["requests"] = 50
+    overhead.work(client, mode, workload, port)
+    spec["requests"] = PROFILED_REQUESTS[workload]
+    spec["warmup"] = 0
+    overhead._instrument = lambda c, m: None  # type: ignore[assignment]  # already done
+    profiler = cProfile.Profile()
+    profiler.enable()
+    result = overhead.work(client, mode, workload, port)
+    profiler.disable()
+    profiler.dump_stats(out)
+    print(json.dumps(result))
+
+
+def _run(args: list[str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=True, timeout=900
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def measure(clients: Iterable[str], rounds: int, port: int) -> None:
+    for client in clients:
+        for workload in overhead.WORKLOADS:
+            cpu: dict[str, list[float]] = {"bare": [], "llm-latency": []}
+            for round_no in range(rounds):
+                order = ["bare", "llm-latency"] if round_no % 2 == 0 else ["llm-latency", "bare"]
+                for mode in order:
+                    cpu[mode].append(overhead.run_worker(client, mode, workload, port)["cpu_us"])
+            added = statistics.median(cpu["llm-latency"]) - statistics.median(cpu["bare"])
+            with tempfile.TemporaryDirectory() as tmp:
+                totals = {}
+                for mode in ("bare", "llm-latency"):
+                    path = f"{tmp}/{mode}.prof"
+                    _run(["--profiled", client, mode, workload, str(port), path])
+                    totals[mode] = Profile(path)
+                n = PROFILED_REQUESTS[workload]
+                profiled_added = (totals["llm-latency"].total() - totals["bare"].total()) / n
+                parts = {k: v / n for k, v in budget(totals["llm-latency"]).items()}
+            report(client, workload, added, profiled_added, parts)
+
+
+def report(
+    client: str, workload: str, added_us: float, profiled_added: float, parts: dict[str, float]
+) -> None:
+    scale = added_us / (profiled_added * 1e6) if profiled_added > 0 else 0.0
+    print(
+        f"\n{client}, {workload}: {added_us:.0f} µs of CPU added per request (unprofiled, median)"
+    )
+    print("| part | µs per request | share |")
+    print("|---|---:|---:|")
+    claimed = 0.0
+    for name, seconds in sorted(
+        parts.items(), key=lambda kv: -kv[1] if not kv[0].startswith(" ") else 0
+    ):
+        us = seconds * 1e6 * scale
+        if not name.startswith(" "):
+            claimed += seconds
+        print(f"| {name} | {us:.1f} | {seconds / profiled_added * 100:.0f}% |")
+    rest = profiled_added - claimed
+    print(f"| the rest | {rest * 1e6 * scale:.1f} | {rest / profiled_added * 100:.0f}% |")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--clients", nargs="+", choices=overhead.CLIENTS, default=list(overhead.CLIENTS)
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profiled", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.profiled:
+        client, mode, workload, port, out = args.profiled
+        profiled_worker(client, mode, workload, int(port), out)
+        return
+    port_file = Path(f"/tmp/llm-latency-budget-{os.getpid()}.port")
+    server = subprocess.Popen([sys.executable, overhead.__file__, "--serve", str(port_file)])
+    try:
+        for _ in range(100):
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.05)
+        measure(args.clients, args.rounds, int(port_file.read_text()))
+    finally:
+        server.terminate()
+        server.wait()
+        port_file.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
