@@ -7,11 +7,11 @@ For each client and workload (the JSON completion and the 100-event stream of
    llm-latency (phase spans on, metrics on, ``BatchSpanProcessor``), each in a fresh
    interpreter, ``--rounds`` rounds in alternating order, medians;
 2. a cProfile run of each of the two, in fresh interpreters again. The profiled llm-latency run
-   is split into parts by the functions that do each job (below); the difference of the two
-   profiled totals is what llm-latency added under the profiler, and what no part claims is
-   left as "the rest" (the interpreter's own work, garbage collection, profiler noise);
-3. each part's share of the profiled addition, applied to the added CPU of step 1 (a profiler
-   slows small functions more than large ones: the shares are estimates, the total is not).
+   is split into parts by the functions that do each job (below);
+3. each part's share of all the parts, applied to the added CPU of step 1 (a profiler slows
+   small functions more than large ones: the shares are estimates, the total is not). The
+   difference of the two profiled totals is printed too; it is noisy (two runs), so it is not
+   used to scale.
 
 Parts:
 
@@ -255,22 +255,22 @@ def measure(clients: Iterable[str], rounds: int, port: int) -> None:
 def report(
     client: str, workload: str, added_us: float, profiled_added: float, parts: dict[str, float]
 ) -> None:
-    scale = added_us / (profiled_added * 1e6) if profiled_added > 0 else 0.0
+    """The budget of one client and workload: each part under the profiler, its share of all
+    the parts, and that share of the unprofiled added CPU."""
+    claimed = sum(v for k, v in parts.items() if not k.startswith(" ")) or 1e-12
     print(
-        f"\n{client}, {workload}: {added_us:.0f} µs of CPU added per request (unprofiled, median)"
+        f"\n{client}, {workload}: {added_us:.0f} µs of CPU added per request (unprofiled, "
+        f"median); under cProfile {profiled_added * 1e6:.0f} µs, of which the parts below "
+        f"claim {claimed * 1e6:.0f} µs"
     )
-    print("| part | µs per request | share |")
-    print("|---|---:|---:|")
-    claimed = 0.0
-    for name, seconds in sorted(
-        parts.items(), key=lambda kv: -kv[1] if not kv[0].startswith(" ") else 0
-    ):
-        us = seconds * 1e6 * scale
-        if not name.startswith(" "):
-            claimed += seconds
-        print(f"| {name} | {us:.1f} | {seconds / profiled_added * 100:.0f}% |")
-    rest = profiled_added - claimed
-    print(f"| the rest | {rest * 1e6 * scale:.1f} | {rest / profiled_added * 100:.0f}% |")
+    print("| part | µs under cProfile | share of the parts | ≈ µs unprofiled |")
+    print("|---|---:|---:|---:|")
+    ordered = sorted(parts.items(), key=lambda kv: -kv[1])
+    for name, seconds in [kv for kv in ordered if not kv[0].startswith(" ")] + [
+        kv for kv in ordered if kv[0].startswith(" ")
+    ]:
+        share = seconds / claimed
+        print(f"| {name} | {seconds * 1e6:.1f} | {share * 100:.0f}% | {share * added_us:.1f} |")
     sys.stdout.flush()
 
 
