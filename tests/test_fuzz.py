@@ -214,13 +214,18 @@ def test_select_lets_only_allow_listed_headers_through(
     assert missing == set()
 
 
-@FUZZ
-@given(st.dictionaries(st.text(ANY_CHARACTER, max_size=8), st.lists(TEXT_VALUES, max_size=3)),
-       st.lists(st.text(ANY_CHARACTER, max_size=8), max_size=4))  # fmt: skip
-def test_first(found: dict[str, list[str]], names: list[str]) -> None:
-    value = hdr.first(found, *names)
-    present = [found[name][0] for name in names if found.get(name)]
-    assert value == (present[0] if present else None)
+@pytest.mark.parametrize(
+    ("found", "names", "expected"),
+    [
+        ({"a": ["1"], "b": ["2"]}, ("b", "a"), "2"),  # the order asked, not the order found
+        ({"a": ["1"], "b": []}, ("b", "a"), "1"),  # a header with no value is skipped
+        ({"a": ["1", "x"]}, ("a",), "1"),  # the first of a repeated header
+        ({"a": ["1"]}, ("c",), None),
+        ({}, (), None),
+    ],
+)
+def test_first(found: dict[str, list[str]], names: tuple[str, ...], expected: str | None) -> None:
+    assert hdr.first(found, *names) == expected
 
 
 @FUZZ
