@@ -7,6 +7,7 @@ import asyncio
 import ssl
 
 import aiohttp
+import pytest
 
 from llm_latency.cli.dns_server import LocalDNS
 from llm_latency.cli.mock_server import HandshakeDelay
@@ -151,3 +152,28 @@ async def test_redirect_hops_are_separate_attempts(telemetry: Telemetry, server:
     assert hop.context is not None and final.context is not None
     assert hop.context.trace_id == final.context.trace_id
     assert [link.context.span_id for link in final.links] == [hop.context.span_id]
+
+
+@pytest.mark.parametrize("capture_all", [False, True], ids=["known methods", "capture all"])
+async def test_unknown_methods_follow_the_semantic_conventions(
+    telemetry: Telemetry, server: LLMServer, monkeypatch: pytest.MonkeyPatch, capture_all: bool
+) -> None:
+    """An unknown method is ``_OTHER`` (the span is named ``HTTP``, the original kept),
+    unless OTEL_PYTHON_INSTRUMENTATION_HTTP_CAPTURE_ALL_METHODS keeps it; metrics agree."""
+    if capture_all:
+        monkeypatch.setenv("OTEL_PYTHON_INSTRUMENTATION_HTTP_CAPTURE_ALL_METHODS", "true")
+    async with aiohttp.ClientSession() as session:
+        async with session.request("PURGE", server.url()) as response:
+            await response.read()
+    request = telemetry.request()
+    assert request.attributes is not None
+    method = "PURGE" if capture_all else "_OTHER"
+    assert request.name == (
+        "PURGE /v1/chat/completions" if capture_all else "HTTP /v1/chat/completions"
+    )
+    assert request.attributes["http.request.method"] == method
+    assert request.attributes.get("http.request.method_original") == (
+        None if capture_all else "PURGE"
+    )
+    (point,) = telemetry.metric_points("http.client.request.duration")
+    assert point.attributes["http.request.method"] == method

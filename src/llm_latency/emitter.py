@@ -20,6 +20,7 @@ from opentelemetry.trace import (
     get_current_span,
     set_span_in_context,
 )
+from opentelemetry.util.http import sanitize_method
 
 from llm_latency import headers as hdr
 from llm_latency import semconv as sc
@@ -114,7 +115,10 @@ class Emitter:
         if call is not None:
             self._attempt_starts(call, timeline)
         template = route_template(path)
-        known = method if method in sc.KNOWN_METHODS else "_OTHER"
+        # Unknown methods are "_OTHER", unless OTEL_PYTHON_INSTRUMENTATION_HTTP_CAPTURE_ALL_METHODS
+        # says to keep them; the metrics use the same form.
+        known = sanitize_method(method) or "_OTHER"
+        timeline.method = known
         attributes: dict[str, Any] = {
             sc.HTTP_REQUEST_METHOD: known,
             sc.URL_FULL: redact(timeline.url),
@@ -420,7 +424,7 @@ class Emitter:
         host = tl.host
         method = tl.method
         attributes: dict[str, Any] = {
-            sc.HTTP_REQUEST_METHOD: method if method in sc.KNOWN_METHODS else "_OTHER",
+            sc.HTTP_REQUEST_METHOD: method,
             sc.SERVER_ADDRESS: host,
         }
         if tl.port is not None:

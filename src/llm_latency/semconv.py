@@ -103,7 +103,3 @@ CONNECTION_DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
     7200.0,
 )  # fmt: skip
-
-KNOWN_METHODS: Final = frozenset(
-    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"}
-)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from opentelemetry.context import _SUPPRESS_HTTP_INSTRUMENTATION_KEY, get_value
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.instrumentation.utils import (
+    is_http_instrumentation_enabled,
+    is_instrumentation_enabled,
+)
 from opentelemetry.trace import SpanKind, get_current_span
 
 #: The official instrumentations whose CLIENT spans stand for the same HTTP request.
@@ -39,8 +41,6 @@ def under_http_client_span() -> bool:
 
 def tracing_allowed() -> bool:
     """Whether the request about to start is to be traced (see the module docstring)."""
-    if not is_instrumentation_enabled():
-        return False
-    if get_value(_SUPPRESS_HTTP_INSTRUMENTATION_KEY):
-        return under_http_client_span()
-    return True
+    if is_http_instrumentation_enabled():
+        return True
+    return is_instrumentation_enabled() and under_http_client_span()

@@ -76,7 +76,7 @@ class Timeline:
     def __init__(self, method: str, url: str) -> None:
         self.start_ns = _now()
         self.epoch_start_ns = time.time_ns()
-        self.method = method
+        self.method = method  # as the client sent it; in its semconv form once the span starts
         self.url = url
         self.host = ""
         self.port: int | None = None
