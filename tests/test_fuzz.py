@@ -293,7 +293,7 @@ def test_emitter_never_raises_nor_exports_a_header_not_allow_listed(
             if failed_in == phase:
                 attempt.fail(ConnectionResetError("cut"))
                 break
-            attempt.finish(phase)
+            attempt.end_phase(phase)
         emitter.finish(attempt)
         emitter.finish(attempt)  # a second end is a no-op
     finally:

@@ -15,7 +15,7 @@ def test_a_phase_never_ends_before_it_began() -> None:
     attempt.begin(SEND, at=now)
     attempt.begin(WAIT, at=now + 2_000_000)  # the wait began 2 ms later...
     assert attempt.close(at=now + 1_000_000)  # ...than the instant the attempt was closed at
-    assert attempt.span_of(WAIT) == (now + 2_000_000, now + 2_000_000)
+    assert attempt.bounds_of(WAIT) == (now + 2_000_000, now + 2_000_000)
     assert attempt.duration_of(WAIT) == 0.0
 
 

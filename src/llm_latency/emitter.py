@@ -22,8 +22,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.http import sanitize_method
 
-from llm_latency import headers as hdr
-from llm_latency import semconv as sc
+from llm_latency import headers, semconv
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.event_loop import monitor_of_running_loop
 from llm_latency.event_loop import stop_all as stop_lag_monitors
@@ -42,11 +41,11 @@ _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
 
 
-def send_to_first_byte(tl: Timeline) -> float | None:
+def send_to_first_byte(timeline: Timeline) -> float | None:
     """Seconds from the start of sending the request to its first response byte: the window
     that holds the server's whole processing time (the server may start as soon as the request's
     start reaches it, while the body is still being sent)."""
-    send, wait = tl.span_of(SEND), tl.span_of(WAIT)
+    send, wait = timeline.bounds_of(SEND), timeline.bounds_of(WAIT)
     if send is None or wait is None:
         return None
     return (wait[1] - send[0]) / 1e9
@@ -81,7 +80,7 @@ class Emitter:
         self._setup_pending = before_first_request is not None
         self.phase_spans = phase_spans
         self._wanted = frozenset(capture_headers)
-        self._header_attrs = {name: hdr.attribute_name(name) for name in capture_headers}
+        self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
         self._failure_logged = False
         self.metrics = AttemptMetrics(meter)
         self._phase_writer = PhaseSpanWriter(tracer)
@@ -120,16 +119,16 @@ class Emitter:
         known = sanitize_method(method) or "_OTHER"
         timeline.method = known
         attributes: dict[str, Any] = {
-            sc.HTTP_REQUEST_METHOD: known,
-            sc.URL_FULL: redact(timeline.url),
-            sc.SERVER_ADDRESS: host,
+            semconv.HTTP_REQUEST_METHOD: known,
+            semconv.URL_FULL: redact(timeline.url),
+            semconv.SERVER_ADDRESS: host,
         }
         if known != method:
-            attributes[sc.HTTP_REQUEST_METHOD_ORIGINAL] = method
+            attributes[semconv.HTTP_REQUEST_METHOD_ORIGINAL] = method
         if port is not None:
-            attributes[sc.SERVER_PORT] = port
+            attributes[semconv.SERVER_PORT] = port
         if template is not None:
-            attributes[sc.URL_TEMPLATE] = template
+            attributes[semconv.URL_TEMPLATE] = template
         name = (
             f"{known if known != '_OTHER' else 'HTTP'} {template}"
             if template
@@ -171,7 +170,9 @@ class Emitter:
                         self._setup_pending = False
         if self._follows_global and tracer_provider_is_set():
             self._follows_global = False
-            self._tracer = trace.get_tracer(sc.SCOPE_NAME, __version__, schema_url=sc.SCHEMA_URL)
+            self._tracer = trace.get_tracer(
+                semconv.SCOPE_NAME, __version__, schema_url=semconv.SCHEMA_URL
+            )
             self._phase_writer = PhaseSpanWriter(self._tracer)
 
     # -- logical calls and backoffs -----------------------------------------------------------
@@ -198,12 +199,12 @@ class Emitter:
         start_epoch_ns: int | None = None,
     ) -> Span:
         """Start a ``retry.backoff`` span (the caller ends it) and count the retry."""
-        attributes: dict[str, Any] = {sc.BACKOFF_REASON: reason or "unknown"}
+        attributes: dict[str, Any] = {semconv.BACKOFF_REASON: reason or "unknown"}
         if retry_after is not None:
-            attributes[sc.BACKOFF_RETRY_AFTER] = retry_after
+            attributes[semconv.BACKOFF_RETRY_AFTER] = retry_after
         self.metrics.retry(host, reason)
         return self._tracer.start_span(
-            sc.BACKOFF_SPAN, kind=_INTERNAL, attributes=attributes, start_time=start_epoch_ns
+            semconv.BACKOFF_SPAN, kind=_INTERNAL, attributes=attributes, start_time=start_epoch_ns
         )
 
     def open_call(self, name: str, attributes: dict[str, Any]) -> LogicalCall:
@@ -224,7 +225,7 @@ class Emitter:
             return
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error_type(error)))
-            span.set_attribute(sc.ERROR_TYPE, error_type(error))
+            span.set_attribute(semconv.ERROR_TYPE, error_type(error))
             span.record_exception(error)
         if call.open_attempts <= 0:
             self._end_call(call)
@@ -232,17 +233,19 @@ class Emitter:
     def _end_call(self, call: LogicalCall) -> None:
         span = call.span
         if span is not None and span.is_recording():
-            span.set_attribute(sc.ATTEMPTS, call.attempts)
+            span.set_attribute(semconv.ATTEMPTS, call.attempts)
             span.end()
 
-    def _attempt_ends(self, tl: Timeline, reason: str | None, found: dict[str, list[str]]) -> None:
-        call: LogicalCall = tl.call
+    def _attempt_ends(
+        self, timeline: Timeline, reason: str | None, found: dict[str, list[str]]
+    ) -> None:
+        call: LogicalCall = timeline.call
         call.open_attempts -= 1
-        call.last_end_epoch_ns = tl.to_epoch_ns(tl.end_ns)
+        call.last_end_epoch_ns = timeline.to_epoch_ns(timeline.end_ns)
         call.last_reason = reason
-        call.last_host = tl.host
-        call.last_retry_after = hdr.retry_after(
-            hdr.first(found, "retry-after-ms"), hdr.first(found, "retry-after")
+        call.last_host = timeline.host
+        call.last_retry_after = headers.retry_after(
+            headers.first(found, "retry-after-ms"), headers.first(found, "retry-after")
         )
         if call.returned and call.open_attempts <= 0:
             self._end_call(call)
@@ -280,14 +283,16 @@ class Emitter:
         self.finish(timeline)
 
     @staticmethod
-    def _loop_lag(tl: Timeline) -> tuple[float, float] | None:
+    def _loop_lag(timeline: Timeline) -> tuple[float, float] | None:
         """How long the attempt's busy event loop delayed the end of its wait phase and of its
         receive phase (s); None for an attempt not on a loop. Once per attempt."""
-        monitor = tl.loop_monitor
+        monitor = timeline.loop_monitor
         if monitor is None:
             return None
-        tl.loop_monitor = None
-        in_wait, in_receive = monitor.attempt_ended((tl.span_of(WAIT), tl.span_of(RECEIVE)))
+        timeline.loop_monitor = None
+        in_wait, in_receive = monitor.attempt_ended(
+            (timeline.bounds_of(WAIT), timeline.bounds_of(RECEIVE))
+        )
         return in_wait / 1e9, in_receive / 1e9
 
     def finish_all(self) -> None:
@@ -307,28 +312,28 @@ class Emitter:
                 continue
         return []
 
-    def _emit(self, tl: Timeline, lag: tuple[float, float] | None) -> None:
-        span: Span | None = tl.span
+    def _emit(self, timeline: Timeline, lag: tuple[float, float] | None) -> None:
+        span: Span | None = timeline.span
         if span is None:
             return
         attrs: dict[str, Any] = {}
         found: dict[str, list[str]] = {}
-        if tl.response_headers is not None and self._wanted:
-            found = hdr.select(tl.response_headers, self._wanted)
+        if timeline.response_headers is not None and self._wanted:
+            found = headers.select(timeline.response_headers, self._wanted)
             for name, values in found.items():
                 attrs[self._header_attrs[name]] = values
-        status = tl.status_code
+        status = timeline.status_code
         if status is not None:
-            attrs[sc.HTTP_RESPONSE_STATUS_CODE] = status
-        if tl.protocol_version:
-            attrs[sc.NETWORK_PROTOCOL_VERSION] = tl.protocol_version
-        if tl.reused is not None:
-            attrs[sc.CONNECTION_REUSED] = tl.reused
-        if tl.resend_count:
-            attrs[sc.HTTP_REQUEST_RESEND_COUNT] = tl.resend_count
+            attrs[semconv.HTTP_RESPONSE_STATUS_CODE] = status
+        if timeline.protocol_version:
+            attrs[semconv.NETWORK_PROTOCOL_VERSION] = timeline.protocol_version
+        if timeline.reused is not None:
+            attrs[semconv.CONNECTION_REUSED] = timeline.reused
+        if timeline.resend_count:
+            attrs[semconv.HTTP_REQUEST_RESEND_COUNT] = timeline.resend_count
 
-        processing = hdr.parse_number(hdr.first(found, hdr.PROCESSING_MS_HEADER))
-        window = send_to_first_byte(tl)
+        processing = headers.parse_number(headers.first(found, headers.PROCESSING_MS_HEADER))
+        window = send_to_first_byte(timeline)
         lag_total: float | None = None
         wait_lag = 0.0
         if lag is not None:
@@ -338,58 +343,60 @@ class Emitter:
                 # loop delayed it by no more than what the processing time leaves of the wait.
                 wait_lag = min(wait_lag, max(window - processing / 1000.0, 0.0))
             lag_total = wait_lag + receive_lag
-            attrs[sc.EVENT_LOOP_LAG] = lag_total
+            attrs[semconv.EVENT_LOOP_LAG] = lag_total
         if processing is not None:
             processing /= 1000.0
-            attrs[sc.SERVER_PROCESSING_TIME] = processing
+            attrs[semconv.SERVER_PROCESSING_TIME] = processing
             if window is not None:
-                attrs[sc.NETWORK_OVERHEAD] = window - processing - wait_lag
+                attrs[semconv.NETWORK_OVERHEAD] = window - processing - wait_lag
 
-        ttfc: float | None = None
-        if tl.sse is not None and tl.first_chunk_ns:
-            ttfc = (tl.first_chunk_ns - tl.start_ns) / 1e9
-            attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttfc
-            attrs[sc.STREAM_EVENTS] = tl.sse.events
-            attrs[sc.STREAM_MAX_GAP] = tl.max_gap_ns / 1e9
+        first_chunk: float | None = None
+        if timeline.sse is not None and timeline.first_chunk_ns:
+            first_chunk = (timeline.first_chunk_ns - timeline.start_ns) / 1e9
+            attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = first_chunk
+            attrs[semconv.STREAM_EVENTS] = timeline.sse.events
+            attrs[semconv.STREAM_MAX_GAP] = timeline.max_gap_ns / 1e9
 
-        error = tl.error
+        error = timeline.error
         err_type: str | None = None
         if error is not None:
             err_type = error_type(error)
-            if tl.failed_phase is not None:
-                attrs[sc.FAILED_PHASE] = PHASE_NAMES[tl.failed_phase]
+            if timeline.failed_phase is not None:
+                attrs[semconv.FAILED_PHASE] = PHASE_NAMES[timeline.failed_phase]
         elif status is not None and status >= 400:
             err_type = str(status)
         if err_type is not None:
-            attrs[sc.ERROR_TYPE] = err_type
+            attrs[semconv.ERROR_TYPE] = err_type
         span.set_attributes(attrs)
 
-        host = tl.host
+        host = timeline.host
         ctx = set_span_in_context(span)
-        self._emit_phases(tl, span, ctx, host, error)
+        self._emit_phases(timeline, span, ctx, host, error)
 
         if error is not None:
-            if tl.failed_phase is None or not self.phase_spans:
+            if timeline.failed_phase is None or not self.phase_spans:
                 span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{err_type}"))
         elif err_type is not None:
             span.set_status(Status(StatusCode.ERROR))
-        span.end(tl.to_epoch_ns(tl.end_ns))
+        span.end(timeline.to_epoch_ns(timeline.end_ns))
 
-        self._record_metrics(tl, ctx, found, status, err_type, ttfc, processing, lag_total)
-        if tl.call is not None:
-            self._attempt_ends(tl, err_type, found)
+        self._record_metrics(
+            timeline, ctx, found, status, err_type, first_chunk, processing, lag_total
+        )
+        if timeline.call is not None:
+            self._attempt_ends(timeline, err_type, found)
 
     def _emit_phases(
-        self, tl: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None
+        self, timeline: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None
     ) -> None:
         record = self.metrics.phase
         writer = self._phase_writer
         emit_spans = self.phase_spans and span.is_recording()
         fast_parent = writer.fast_path(span) if emit_spans else None
-        failed = tl.failed_phase if error is not None else None
+        failed = timeline.failed_phase if error is not None else None
         for phase in range(len(PHASE_NAMES)):
-            bounds = tl.span_of(phase)
+            bounds = timeline.bounds_of(phase)
             if bounds is None:
                 continue
             start, end = bounds
@@ -399,48 +406,63 @@ class Emitter:
                 continue
             if fast_parent is not None and phase != failed:
                 writer.write(
-                    phase, attributes, fast_parent, tl.to_epoch_ns(start), tl.to_epoch_ns(end)
+                    phase,
+                    attributes,
+                    fast_parent,
+                    timeline.to_epoch_ns(start),
+                    timeline.to_epoch_ns(end),
                 )
                 continue
-            child = writer.start(phase, attributes, ctx, tl.to_epoch_ns(start))
+            child = writer.start(phase, attributes, ctx, timeline.to_epoch_ns(start))
             if error is not None and phase == failed:
                 kind = error_type(error)
-                child.set_attribute(sc.ERROR_TYPE, kind)
+                child.set_attribute(semconv.ERROR_TYPE, kind)
                 child.record_exception(error)
                 child.set_status(Status(StatusCode.ERROR, kind))
-            child.end(tl.to_epoch_ns(end))
+            child.end(timeline.to_epoch_ns(end))
 
     def _record_metrics(
         self,
-        tl: Timeline,
+        timeline: Timeline,
         ctx: Context,
         found: dict[str, list[str]],
         status: int | None,
         err_type: str | None,
-        ttfc: float | None,
+        first_chunk: float | None,
         processing: float | None,
         lag: float | None,
     ) -> None:
-        host = tl.host
-        method = tl.method
+        host = timeline.host
+        method = timeline.method
         attributes: dict[str, Any] = {
-            sc.HTTP_REQUEST_METHOD: method,
-            sc.SERVER_ADDRESS: host,
+            semconv.HTTP_REQUEST_METHOD: method,
+            semconv.SERVER_ADDRESS: host,
         }
-        if tl.port is not None:
-            attributes[sc.SERVER_PORT] = tl.port
+        if timeline.port is not None:
+            attributes[semconv.SERVER_PORT] = timeline.port
         if status is not None:
-            attributes[sc.HTTP_RESPONSE_STATUS_CODE] = status
+            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = status
         if err_type is not None:
-            attributes[sc.ERROR_TYPE] = err_type
+            attributes[semconv.ERROR_TYPE] = err_type
         metrics = self.metrics
-        metrics.attempt(tl.duration, attributes, host, status, tl.reused, ttfc, processing, ctx)
+        metrics.attempt(
+            timeline.duration,
+            attributes,
+            host,
+            status,
+            timeline.reused,
+            first_chunk,
+            processing,
+            ctx,
+        )
         if lag is not None:
-            metrics.event_loop_lag.record(lag, {sc.SERVER_ADDRESS: host}, ctx)
-        for header, kind in hdr.RATELIMIT_REMAINING_HEADERS.items():
-            remaining = hdr.parse_number(hdr.first(found, header))
+            metrics.event_loop_lag.record(lag, {semconv.SERVER_ADDRESS: host}, ctx)
+        for header, kind in headers.RATELIMIT_REMAINING_HEADERS.items():
+            remaining = headers.parse_number(headers.first(found, header))
             if remaining is not None:
-                reset_in = hdr.parse_duration(hdr.first(found, hdr.RATELIMIT_RESET_HEADERS[kind]))
+                reset_in = headers.parse_duration(
+                    headers.first(found, headers.RATELIMIT_RESET_HEADERS[kind])
+                )
                 metrics.ratelimit(host, kind, remaining, reset_in)
 
     def failed_once(self, what: str) -> None:

@@ -28,7 +28,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from llm_latency.timeline import _now
+from llm_latency.timeline import clock_ns
 
 #: How often a loop with attempts in flight is checked (ns): the resolution of the lag.
 INTERVAL_NS = 10_000_000
@@ -80,16 +80,16 @@ class LoopLagMonitor:
         """An attempt starts on this loop (call from the loop's thread)."""
         self._in_flight += 1
         if self._handle is None and not self._stopped:
-            self._schedule(_now())
+            self._schedule(clock_ns())
 
     def attempt_ended(self, windows: Sequence[tuple[int, int] | None]) -> list[int]:
-        """An attempt ends: for each of ``windows`` (its phases, as ``Timeline.span_of`` gives
+        """An attempt ends: for each of ``windows`` (its phases, as ``Timeline.bounds_of`` gives
         them; None for one that did not happen), how long (ns) the busy loop delayed the
         phase's end. That is the busy stretch the loop was in when the phase ended (the one in
         progress now included), from its start or the phase's, whichever is later: before
         it, the loop polled its sockets, so what the phase waited for had not arrived."""
         self._in_flight -= 1
-        now = _now()
+        now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
         pending = (self._due_ns, now) if late else None
         delays = []
@@ -140,7 +140,7 @@ class LoopLagMonitor:
         self._handle = loop.call_later(INTERVAL_NS / 1e9, self._tick)
 
     def _tick(self) -> None:
-        now = _now()
+        now = clock_ns()
         if now - self._due_ns > LATE_NS:
             self.busy.append((self._due_ns, now))
         if self._in_flight > 0 and not self._stopped:

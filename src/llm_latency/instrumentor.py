@@ -29,7 +29,7 @@ from opentelemetry.instrumentation.dependencies import (
 )
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.adapters._patching import Unavailable
 from llm_latency.emitter import Emitter
 from llm_latency.headers import resolve_capture_list
@@ -189,10 +189,16 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         tracer = trace.get_tracer(
-            sc.SCOPE_NAME, __version__, kwargs.get("tracer_provider"), schema_url=sc.SCHEMA_URL
+            semconv.SCOPE_NAME,
+            __version__,
+            kwargs.get("tracer_provider"),
+            schema_url=semconv.SCHEMA_URL,
         )
         meter = metrics.get_meter(
-            sc.SCOPE_NAME, __version__, kwargs.get("meter_provider"), schema_url=sc.SCHEMA_URL
+            semconv.SCOPE_NAME,
+            __version__,
+            kwargs.get("meter_provider"),
+            schema_url=semconv.SCHEMA_URL,
         )
         before_first_request: Callable[[], None] | None = kwargs.get("before_first_request")
         emitter = Emitter(

@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 
 Attributes = tuple[tuple[str, Any], ...]
 
@@ -94,61 +94,61 @@ class AttemptMetrics:
 
     def __init__(self, meter: Meter) -> None:
         self.request_duration = meter.create_histogram(
-            sc.HTTP_CLIENT_REQUEST_DURATION,
+            semconv.HTTP_CLIENT_REQUEST_DURATION,
             unit="s",
             description="Duration of HTTP client requests, to the end of the body or stream.",
-            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
         self.phase_duration = meter.create_histogram(
-            sc.PHASE_DURATION,
+            semconv.PHASE_DURATION,
             unit="s",
             description="Time an HTTP attempt spent in each phase.",
-            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
         self.server_processing = meter.create_histogram(
-            sc.SERVER_PROCESSING_DURATION,
+            semconv.SERVER_PROCESSING_DURATION,
             unit="s",
             description="Server processing time the provider reported (openai-processing-ms).",
-            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
         self.time_to_first_chunk = meter.create_histogram(
-            sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+            semconv.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
             unit="s",
             description="Time from the start of a streamed request to its first body chunk.",
-            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
         self.event_loop_lag = meter.create_histogram(
-            sc.EVENT_LOOP_LAG,
+            semconv.EVENT_LOOP_LAG,
             unit="s",
             description="Time the program's event loop was busy during an attempt's wait and "
             "receive phases (asyncio clients): the program's share of that time, not the "
             "provider's.",
-            explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS,
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
         self.retries = _Tallies()
         self.rate_limited = _Tallies()
         self.connections = _Tallies()
         self.ratelimit_remaining = _FreshValues()
         meter.create_observable_counter(
-            sc.RETRIES,
+            semconv.RETRIES,
             [self.retries.observe],
             unit="{retry}",
             description="Attempts that were retried, by what caused the retry.",
         )
         meter.create_observable_counter(
-            sc.RATE_LIMITED,
+            semconv.RATE_LIMITED,
             [self.rate_limited.observe],
             unit="{response}",
             description="Responses with status 429.",
         )
         meter.create_observable_counter(
-            sc.CONNECTIONS,
+            semconv.CONNECTIONS,
             [self.connections.observe],
             unit="{attempt}",
             description="Attempts, by whether they ran on a pooled (reused) connection.",
         )
         meter.create_observable_gauge(
-            sc.RATELIMIT_REMAINING,
+            semconv.RATELIMIT_REMAINING,
             [self.ratelimit_remaining.observe],
             unit="{unit}",
             description="Requests or tokens left in the current rate-limit window.",
@@ -174,23 +174,29 @@ class AttemptMetrics:
         connection reuse."""
         self.request_duration.record(seconds, attributes, context)
         if server_processing is not None:
-            self.server_processing.record(server_processing, {sc.SERVER_ADDRESS: host}, context)
+            self.server_processing.record(
+                server_processing, {semconv.SERVER_ADDRESS: host}, context
+            )
         if time_to_first_chunk is not None:
-            self.time_to_first_chunk.record(time_to_first_chunk, {sc.SERVER_ADDRESS: host}, context)
+            self.time_to_first_chunk.record(
+                time_to_first_chunk, {semconv.SERVER_ADDRESS: host}, context
+            )
         if status == 429:
-            self.rate_limited.add(((sc.SERVER_ADDRESS, host),))
+            self.rate_limited.add(((semconv.SERVER_ADDRESS, host),))
         if reused is not None:
-            self.connections.add(((sc.SERVER_ADDRESS, host), (sc.CONNECTION_REUSED, reused)))
+            self.connections.add(
+                ((semconv.SERVER_ADDRESS, host), (semconv.CONNECTION_REUSED, reused))
+            )
 
     def retry(self, host: str, reason: str | None) -> None:
         """One attempt was retried, because of ``reason`` (a status code or an error type)."""
         if reason is not None and reason.isdigit():
             key: Attributes = (
-                (sc.SERVER_ADDRESS, host),
-                (sc.HTTP_RESPONSE_STATUS_CODE, int(reason)),
+                (semconv.SERVER_ADDRESS, host),
+                (semconv.HTTP_RESPONSE_STATUS_CODE, int(reason)),
             )
         else:
-            key = ((sc.SERVER_ADDRESS, host), (sc.ERROR_TYPE, reason or "unknown"))
+            key = ((semconv.SERVER_ADDRESS, host), (semconv.ERROR_TYPE, reason or "unknown"))
         self.retries.add(key)
 
     def ratelimit(
@@ -202,5 +208,5 @@ class AttemptMetrics:
         idle, or gone) is not reported forever."""
         fresh_for = RATELIMIT_MAX_AGE if reset_in is None else min(reset_in, RATELIMIT_MAX_AGE)
         self.ratelimit_remaining.set_fresh(
-            ((sc.SERVER_ADDRESS, host), (sc.RATELIMIT_KIND, kind)), remaining, fresh_for
+            ((semconv.SERVER_ADDRESS, host), (semconv.RATELIMIT_KIND, kind)), remaining, fresh_for
         )

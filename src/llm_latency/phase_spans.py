@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanContext, SpanKind, Tracer
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.timeline import PHASE_NAMES
 
 try:  # the SDK is a dependency, but the tracer in use may be another implementation's
@@ -51,7 +51,8 @@ class PhaseSpanWriter:
         per_phase = self._attributes.get(host)
         if per_phase is None:
             per_phase = tuple(
-                MappingProxyType({sc.PHASE: name, sc.SERVER_ADDRESS: host}) for name in PHASE_NAMES
+                MappingProxyType({semconv.PHASE: name, semconv.SERVER_ADDRESS: host})
+                for name in PHASE_NAMES
             )
             if len(self._attributes) < _MAX_HOSTS:
                 self._attributes[host] = per_phase
@@ -83,7 +84,7 @@ class PhaseSpanWriter:
         )
         tracer.span_processor.on_end(
             ReadableSpan(
-                name=sc.PHASE_SPAN_NAMES[phase],
+                name=semconv.PHASE_SPAN_NAMES[phase],
                 context=context,
                 parent=parent,
                 resource=tracer.resource,
@@ -100,7 +101,7 @@ class PhaseSpanWriter:
     ) -> Span:
         """Start a phase span through the public API (the caller ends it)."""
         return self._tracer.start_span(
-            sc.PHASE_SPAN_NAMES[phase],
+            semconv.PHASE_SPAN_NAMES[phase],
             context=context,
             kind=_INTERNAL,
             attributes=attributes,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.timeline import QUEUE
 
 if TYPE_CHECKING:
@@ -40,8 +40,8 @@ PoolRow = tuple[HostPort, int, int, "int | None"]
 #: library changed, and the pool is then left out.
 PoolReader = Callable[[Any, "ConnectionLifetimes"], Iterable[PoolRow]]
 
-_ACTIVE = sc.HttpConnectionStateValues.ACTIVE.value
-_IDLE = sc.HttpConnectionStateValues.IDLE.value
+_ACTIVE = semconv.HttpConnectionStateValues.ACTIVE.value
+_IDLE = semconv.HttpConnectionStateValues.IDLE.value
 
 
 def limit_or_none(value: int | None) -> int | None:
@@ -77,9 +77,9 @@ class ConnectionLifetimes:
         if found is None or self._histogram is None:
             return
         opened_at, (host, port) = found
-        attributes: dict[str, Any] = {sc.SERVER_ADDRESS: host}
+        attributes: dict[str, Any] = {semconv.SERVER_ADDRESS: host}
         if port is not None:
-            attributes[sc.SERVER_PORT] = port
+            attributes[semconv.SERVER_PORT] = port
         self._histogram.record(max(self._clock() - opened_at, 0.0), attributes)
 
     def on_close(self, connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -105,11 +105,11 @@ class ConnectionLifetimes:
 
 def _attributes(key: HostPort, state: str | None = None) -> dict[str, Any]:
     host, port = key
-    attributes: dict[str, Any] = {sc.SERVER_ADDRESS: host}
+    attributes: dict[str, Any] = {semconv.SERVER_ADDRESS: host}
     if port is not None:
-        attributes[sc.SERVER_PORT] = port
+        attributes[semconv.SERVER_PORT] = port
     if state is not None:
-        attributes[sc.HTTP_CONNECTION_STATE] = state
+        attributes[semconv.HTTP_CONNECTION_STATE] = state
     return attributes
 
 
@@ -132,33 +132,33 @@ class PoolMetrics:
         self._request_hosts: set[HostPort] = set()
         self.lifetimes = ConnectionLifetimes(
             meter.create_histogram(
-                sc.HTTP_CLIENT_CONNECTION_DURATION,
+                semconv.HTTP_CLIENT_CONNECTION_DURATION,
                 unit="s",
                 description="How long each connection stayed open, from established to closed.",
-                explicit_bucket_boundaries_advisory=sc.CONNECTION_DURATION_BUCKETS,
+                explicit_bucket_boundaries_advisory=semconv.CONNECTION_DURATION_BUCKETS,
             )
         )
         meter.create_observable_up_down_counter(
-            sc.HTTP_CLIENT_OPEN_CONNECTIONS,
+            semconv.HTTP_CLIENT_OPEN_CONNECTIONS,
             [self._observe_connections],
             unit="{connection}",
             description="Connections open in the program's HTTP connection pools, by state: "
             "active (carrying a request) or idle (kept alive for the next one).",
         )
         meter.create_observable_gauge(
-            sc.POOL_LIMIT,
+            semconv.POOL_LIMIT,
             [self._observe_limits],
             unit="{connection}",
             description="The most connections the program's pools may open to the host.",
         )
         meter.create_observable_up_down_counter(
-            sc.POOL_WAITING,
+            semconv.POOL_WAITING,
             [self._observe_waiting],
             unit="{request}",
             description="Requests waiting for a connection from the pool (phase http.queue).",
         )
         meter.create_observable_up_down_counter(
-            sc.HTTP_CLIENT_ACTIVE_REQUESTS,
+            semconv.HTTP_CLIENT_ACTIVE_REQUESTS,
             [self._observe_requests],
             unit="{request}",
             description="HTTP requests in flight, those waiting for a connection included.",

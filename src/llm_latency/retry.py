@@ -25,8 +25,8 @@ from opentelemetry import context, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 
-from llm_latency import headers as hdr
 from llm_latency.calls import LogicalCall, current_call
+from llm_latency.headers import retry_after as parse_retry_after
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,7 +75,7 @@ def retry_after_of(error: BaseException) -> float | None:
     if not headers:
         return None
     try:
-        return hdr.retry_after(headers.get("retry-after-ms"), headers.get("retry-after"))
+        return parse_retry_after(headers.get("retry-after-ms"), headers.get("retry-after"))
     except Exception:
         return None
 

@@ -36,7 +36,8 @@ PHASE_NAMES: Final[tuple[str, ...]] = (
     "receive",
 )
 
-_now = time.perf_counter_ns
+#: The clock of every Timeline reading (monotonic, ns).
+clock_ns = time.perf_counter_ns
 
 RawHeaders = Sequence[tuple[Any, Any]]
 
@@ -74,7 +75,7 @@ class Timeline:
     )
 
     def __init__(self, method: str, url: str) -> None:
-        self.start_ns = _now()
+        self.start_ns = clock_ns()
         self.epoch_start_ns = time.time_ns()
         self.method = method  # as the client sent it; in its semconv form once the span starts
         self.url = url
@@ -106,20 +107,20 @@ class Timeline:
 
     def begin(self, phase: int, at: int | None = None) -> None:
         """Mark the start of ``phase`` (now, unless ``at`` is given)."""
-        self._bounds[2 * phase] = _now() if at is None else at
+        self._bounds[2 * phase] = clock_ns() if at is None else at
         self._current = phase
 
     def resume(self, phase: int) -> None:
         """Make ``phase`` current again, keeping its first start (or begin it now)."""
         i = 2 * phase
         if not self._bounds[i]:
-            self._bounds[i] = _now()
+            self._bounds[i] = clock_ns()
         self._bounds[i + 1] = 0
         self._current = phase
 
-    def finish(self, phase: int, at: int | None = None) -> None:
+    def end_phase(self, phase: int, at: int | None = None) -> None:
         """Mark the end of ``phase``; a phase never begun starts where it ends."""
-        end = _now() if at is None else at
+        end = clock_ns() if at is None else at
         i = 2 * phase
         if not self._bounds[i]:
             self._bounds[i] = end
@@ -130,9 +131,9 @@ class Timeline:
     def advance(self, phase: int) -> None:
         """The current phase, if any, ends and ``phase`` begins, at one instant (phases never
         overlap)."""
-        now = _now()
+        now = clock_ns()
         if self._current >= 0:
-            self.finish(self._current, now)
+            self.end_phase(self._current, now)
         self.begin(phase, now)
 
     def discard(self, phase: int) -> None:
@@ -142,7 +143,7 @@ class Timeline:
         if self._current == phase:
             self._current = -1
 
-    def span_of(self, phase: int) -> tuple[int, int] | None:
+    def bounds_of(self, phase: int) -> tuple[int, int] | None:
         """``(start, end)`` of a phase that happened, else None. An open phase ends at the end."""
         i = 2 * phase
         start = self._bounds[i]
@@ -151,10 +152,6 @@ class Timeline:
         end = self._bounds[i + 1] or self.end_ns or start
         return start, max(end, start)
 
-    def began(self, phase: int) -> bool:
-        """Whether ``phase`` has started."""
-        return bool(self._bounds[2 * phase])
-
     @property
     def current_phase(self) -> int | None:
         """The phase begun most recently and not finished yet, if any."""
@@ -162,7 +159,7 @@ class Timeline:
 
     def duration_of(self, phase: int) -> float | None:
         """Seconds spent in ``phase``, or None when it did not happen."""
-        bounds = self.span_of(phase)
+        bounds = self.bounds_of(phase)
         return None if bounds is None else (bounds[1] - bounds[0]) / 1e9
 
     def to_epoch_ns(self, mono_ns: int) -> int:
@@ -173,7 +170,7 @@ class Timeline:
 
     def chunk(self, data: bytes) -> None:
         """Record one body chunk as it arrives from the network (hot path: keep it cheap)."""
-        now = _now()
+        now = clock_ns()
         last = self.last_chunk_ns
         if last:
             gap = now - last
@@ -197,20 +194,20 @@ class Timeline:
             current = self._current
             self.failed_phase = current if current >= 0 else None
             if current >= 0:
-                self.finish(current, at)
+                self.end_phase(current, at)
 
     def close(self, at: int | None = None) -> bool:
         """Mark the attempt's end. Returns False if it had already ended (end exactly once)."""
         if self.ended:
             return False
         self.ended = True
-        self.end_ns = _now() if at is None else at
+        self.end_ns = clock_ns() if at is None else at
         current = self._current
         if current >= 0:
-            self.finish(current, self.end_ns)
+            self.end_phase(current, self.end_ns)
         return True
 
     @property
     def duration(self) -> float:
         """Seconds from the attempt's start to its end (or to now, while it runs)."""
-        return ((self.end_ns or _now()) - self.start_ns) / 1e9
+        return ((self.end_ns or clock_ns()) - self.start_ns) / 1e9

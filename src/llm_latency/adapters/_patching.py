@@ -117,7 +117,7 @@ def phase_hook(
         return attempt
 
     def after(attempt: Any, result: Any) -> Any:
-        attempt.finish(phase)
+        attempt.end_phase(phase)
         return result
 
     return Hook(before, after)

@@ -46,7 +46,7 @@ from llm_latency.timeline import (
     TLS,
     WAIT,
     Timeline,
-    _now,
+    clock_ns,
 )
 
 RETRY_COUNT_HEADER: Final = "x-stainless-retry-count"
@@ -61,7 +61,7 @@ _PROTOCOL: Final = "aiohttp.client_proto:ResponseHandler"
 _READER: Final = "aiohttp.streams:StreamReader"
 
 
-class _Call:
+class _SessionRequest:
     """One ``ClientSession._request`` call: its attempt in flight and how many it made."""
 
     __slots__ = ("attempt", "attempts", "last", "tls_expected")
@@ -73,15 +73,17 @@ class _Call:
         self.tls_expected = False
 
 
-_call: ContextVar[_Call | None] = ContextVar("llm_latency_aiohttp_call", default=None)
+_session_request: ContextVar[_SessionRequest | None] = ContextVar(
+    "llm_latency_aiohttp_call", default=None
+)
 
 # Response body streams being watched, to their attempt. StreamReader has __slots__, so the
 # attempt cannot ride on the stream itself.
 _streams: dict[Any, Timeline] = {}
 
 
-def _current() -> Timeline | None:
-    call = _call.get()
+def _attempt_in_flight() -> Timeline | None:
+    call = _session_request.get()
     return None if call is None else call.attempt
 
 
@@ -176,18 +178,18 @@ class AiohttpAdapter:
 
     # -- the call and the attempt -------------------------------------------------------------
 
-    def _request_returns(self, state: tuple[_Call, Any], result: Any) -> Any:
+    def _request_returns(self, state: tuple[_SessionRequest, Any], result: Any) -> Any:
         call, token = state
-        _call.reset(token)
+        _session_request.reset(token)
         attempt = call.attempt
         if attempt is not None and not attempt.ended:
             # Never handed to its response (a fault in between): nothing else will end it.
             self._emitter.finish(attempt)
         return result
 
-    def _request_fails(self, state: tuple[_Call, Any], exc: BaseException) -> None:
+    def _request_fails(self, state: tuple[_SessionRequest, Any], exc: BaseException) -> None:
         call, token = state
-        _call.reset(token)
+        _session_request.reset(token)
         attempt = call.attempt
         if attempt is not None and not attempt.ended:
             # Report what the program sees (aiohttp wraps OSErrors, and turns the cancellation
@@ -199,7 +201,7 @@ class AiohttpAdapter:
             self._emitter.finish(attempt)
 
     def _attempt_begins(self, conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        call = _call.get()
+        call = _session_request.get()
         if call is None:
             return SKIP
         previous, call.attempt = call.attempt, None
@@ -224,7 +226,7 @@ class AiohttpAdapter:
         call.last = call.attempt = attempt
         return attempt
 
-    def _abandon(self, state: tuple[_Call, Timeline, Any]) -> None:
+    def _abandon(self, state: tuple[_SessionRequest, Timeline, Any]) -> None:
         self._emitter.finish(state[1])
 
     # -- request and response -----------------------------------------------------------------
@@ -244,7 +246,7 @@ class AiohttpAdapter:
         except Exception:
             self._emitter.failed_once("aiohttp request body")
 
-    def _headers_in(self, state: tuple[_Call, Timeline, Any], result: Any) -> Any:
+    def _headers_in(self, state: tuple[_SessionRequest, Timeline, Any], result: Any) -> Any:
         call, attempt, response = state
         call.attempt = None  # from here on the response owns the attempt
         _headers_received(attempt, response)
@@ -298,7 +300,7 @@ class AiohttpAdapter:
         if attempt is not None:
             current = attempt.current_phase
             if current in (TLS, CONNECT):
-                attempt.finish(current)
+                attempt.end_phase(current)
         if req is not None:
             key = req.connection_key
             pools = self._emitter.pools
@@ -318,8 +320,8 @@ class AiohttpAdapter:
 def _request_begins(session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not tracing_allowed():
         return SKIP
-    call = _Call()
-    return call, _call.set(call)
+    call = _SessionRequest()
+    return call, _session_request.set(call)
 
 
 def _attempt_fails(attempt: Timeline, exc: BaseException) -> None:
@@ -327,7 +329,7 @@ def _attempt_fails(attempt: Timeline, exc: BaseException) -> None:
 
 
 def _found(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    attempt = _current()
+    attempt = _attempt_in_flight()
     return SKIP if attempt is None else attempt
 
 
@@ -337,18 +339,18 @@ def _pooled(attempt: Timeline, connection: Any) -> Any:
 
 
 def _attempt_of(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _current()
+    return _attempt_in_flight()
 
 
 def _resolving(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The attempt whose host ``_resolve_host`` looks up, unless it answers without a lookup."""
-    attempt = _current()
+    attempt = _attempt_in_flight()
     host, port = _arg(args, kwargs, 0, "host"), _arg(args, kwargs, 1, "port")
     return None if attempt is None or _is_dns_cached(conn, host, port) else attempt
 
 
 def _connecting(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = _call.get()
+    call = _session_request.get()
     attempt = None if call is None else call.attempt
     if call is not None and attempt is not None:
         call.tls_expected = bool(kwargs.get("ssl"))
@@ -358,22 +360,22 @@ def _connecting(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 
 
 def _tcp_connecting(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = _call.get()
+    call = _session_request.get()
     return SKIP if call is None or call.attempt is None else call
 
 
-def _tcp_connected(call: _Call, sock: Any) -> Any:
+def _tcp_connected(call: _SessionRequest, sock: Any) -> Any:
     attempt = call.attempt
     if attempt is not None and attempt.current_phase == CONNECT:
-        now = _now()
-        attempt.finish(CONNECT, now)
+        now = clock_ns()
+        attempt.end_phase(CONNECT, now)
         if call.tls_expected:
             attempt.begin(TLS, now)
     return sock
 
 
 def _send_begins(req: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    attempt = _current()
+    attempt = _attempt_in_flight()
     if attempt is None:
         return SKIP
     attempt.begin(SEND)
@@ -381,14 +383,14 @@ def _send_begins(req: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 
 
 def _response_starts(response: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = _call.get()
+    call = _session_request.get()
     attempt = None if call is None else call.attempt
     if call is None or attempt is None:
         return SKIP
     return call, attempt, response
 
 
-def _response_fails(state: tuple[_Call, Timeline, Any], exc: BaseException) -> None:
+def _response_fails(state: tuple[_SessionRequest, Timeline, Any], exc: BaseException) -> None:
     state[1].fail(exc)
 
 

@@ -71,7 +71,7 @@ def _connect_started(attempt: Timeline, info: dict[str, Any]) -> None:
 def _connect_done(attempt: Timeline, info: dict[str, Any]) -> None:
     connecting.set(None)
     if attempt.current_phase == CONNECT:
-        attempt.finish(CONNECT)
+        attempt.end_phase(CONNECT)
 
 
 def _connect_failed(attempt: Timeline, info: dict[str, Any]) -> None:
@@ -83,7 +83,7 @@ def _tls_started(attempt: Timeline, info: dict[str, Any]) -> None:
 
 
 def _tls_done(attempt: Timeline, info: dict[str, Any]) -> None:
-    attempt.finish(TLS)
+    attempt.end_phase(TLS)
 
 
 def _send_started(attempt: Timeline, info: dict[str, Any]) -> None:

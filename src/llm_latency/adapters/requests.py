@@ -53,7 +53,7 @@ from llm_latency.emitter import Emitter
 from llm_latency.pools import ConnectionLifetimes, PoolMetrics, PoolRow
 from llm_latency.sse import SSECounter
 from llm_latency.suppression import tracing_allowed
-from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, _now
+from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, clock_ns
 
 _ATTEMPT: Final = "_llm_latency_attempt"
 _CATCHING: Final = "_llm_latency_catching"
@@ -506,9 +506,9 @@ def _connect_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 def _connect_ends(state: tuple[Timeline, Any, bool], sock: Any) -> Any:
     attempt, token, sending = state
     connecting.reset(token)
-    now = _now()
+    now = clock_ns()
     if attempt.current_phase == CONNECT:
-        attempt.finish(CONNECT, now)
+        attempt.end_phase(CONNECT, now)
     if sending:
         attempt.begin(SEND, now)
     return sock

@@ -15,7 +15,7 @@ from typing import Any
 from opentelemetry import context
 from opentelemetry.trace import set_span_in_context
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
@@ -56,7 +56,7 @@ class SdkAdapter:
         options = args[1] if len(args) > 1 else kwargs.get("options")
         method = str(getattr(options, "method", "")).upper()
         name = f"{self.name} {method} {getattr(options, 'url', '')}".strip()
-        call = self._emitter.open_call(name, {sc.SDK: self.name})
+        call = self._emitter.open_call(name, {semconv.SDK: self.name})
         token = current_call.set(call)
         attached = context.attach(set_span_in_context(call.span)) if call.span else None
         return call, token, attached

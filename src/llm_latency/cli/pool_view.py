@@ -13,7 +13,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from rich.table import Table
 from rich.text import Text
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 
 #: Colours of the pool's bars, as the phase colours of ``render``: active like the wait it
 #: carries, waiting like the queue phase.
@@ -45,17 +45,17 @@ def read_pool(reader: InMemoryMetricReader, host: str, at: float = 0.0) -> PoolS
     for metric in metrics:
         for point in metric.data.data_points:
             attributes = point.attributes or {}
-            if attributes.get(sc.SERVER_ADDRESS) != host:
+            if attributes.get(semconv.SERVER_ADDRESS) != host:
                 continue
             value = int(getattr(point, "value", 0))
-            if metric.name == sc.HTTP_CLIENT_OPEN_CONNECTIONS:
-                if attributes.get(sc.HTTP_CONNECTION_STATE) == "active":
+            if metric.name == semconv.HTTP_CLIENT_OPEN_CONNECTIONS:
+                if attributes.get(semconv.HTTP_CONNECTION_STATE) == "active":
                     active += value
                 else:
                     idle += value
-            elif metric.name == sc.POOL_WAITING:
+            elif metric.name == semconv.POOL_WAITING:
                 waiting += value
-            elif metric.name == sc.POOL_LIMIT:
+            elif metric.name == semconv.POOL_LIMIT:
                 limit = (limit or 0) + value
     return PoolState(at, active, idle, waiting, limit)
 

@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.diagnosis.findings import percentile
 from llm_latency.diagnosis.records import (
     Attempt,
@@ -121,9 +121,9 @@ def to_results(spans: Iterable[ReadableSpan]) -> list[RequestResult]:
     chosen = []
     for record in records:
         own = children.get(record.span_id, [])
-        if record.name == sc.BACKOFF_SPAN and record.kind == "INTERNAL":
+        if record.name == semconv.BACKOFF_SPAN and record.kind == "INTERNAL":
             chosen.append((record, own, True))
-        elif is_attempt(record, any(sc.PHASE in c.attributes for c in own)):
+        elif is_attempt(record, any(semconv.PHASE in c.attributes for c in own)):
             chosen.append((record, own, False))
     origin = chosen[0][0].start_ns if chosen else 0
     results = []

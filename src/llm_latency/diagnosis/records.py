@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.timeline import PHASE_NAMES
 
 #: Rate-limit response headers shown with each attempt, in this order.
@@ -178,10 +178,10 @@ def is_attempt(span: SpanRecord, has_phases: bool) -> bool:
     """True for llm-latency's request span: a span of its scope with ``url.full`` (CLIENT, or
     INTERNAL under another instrumentation's CLIENT span for the same request). When the scope
     is not known, a span with ``url.full`` and phase children or llm-latency's attributes."""
-    if sc.URL_FULL not in span.attributes:
+    if semconv.URL_FULL not in span.attributes:
         return False
     if span.scope is not None:
-        return span.scope == sc.SCOPE_NAME
+        return span.scope == semconv.SCOPE_NAME
     return has_phases or any(key.startswith("llm_latency.") for key in span.attributes)
 
 
@@ -190,7 +190,7 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
     attributes = span.attributes
     phases = []
     for child in children:
-        name = str(child.attributes.get(sc.PHASE, ""))
+        name = str(child.attributes.get(semconv.PHASE, ""))
         if name in PHASE_NAMES:
             phases.append(
                 Phase(
@@ -200,8 +200,8 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
                 )
             )
     phases.sort(key=lambda p: PHASE_NAMES.index(p.name))
-    status = _int(attributes.get(sc.HTTP_RESPONSE_STATUS_CODE))
-    error = attributes.get(sc.ERROR_TYPE)
+    status = _int(attributes.get(semconv.HTTP_RESPONSE_STATUS_CODE))
+    error = attributes.get(semconv.ERROR_TYPE)
     ratelimit = {
         name: value
         for name in RATELIMIT_HEADERS
@@ -211,23 +211,23 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
         start_ns=span.start_ns,
         duration=(span.end_ns - span.start_ns) / 1e9,
         phases=tuple(phases),
-        url=str(attributes.get(sc.URL_FULL, "")),
-        host=str(attributes.get(sc.SERVER_ADDRESS, "")),
-        method=str(attributes.get(sc.HTTP_REQUEST_METHOD, "")),
+        url=str(attributes.get(semconv.URL_FULL, "")),
+        host=str(attributes.get(semconv.SERVER_ADDRESS, "")),
+        method=str(attributes.get(semconv.HTTP_REQUEST_METHOD, "")),
         status=status,
         error=None if error is None or str(error) == str(status) else str(error),
-        failed_phase=_first(attributes.get(sc.FAILED_PHASE)),
-        reused=_bool(attributes.get(sc.CONNECTION_REUSED)),
+        failed_phase=_first(attributes.get(semconv.FAILED_PHASE)),
+        reused=_bool(attributes.get(semconv.CONNECTION_REUSED)),
         request_id=next(
             (rid for name in REQUEST_ID_HEADERS if (rid := _header(attributes, name))), None
         ),
-        server_processing=_float(attributes.get(sc.SERVER_PROCESSING_TIME)),
-        network_overhead=_float(attributes.get(sc.NETWORK_OVERHEAD)),
-        event_loop_lag=_float(attributes.get(sc.EVENT_LOOP_LAG)),
-        time_to_first_chunk=_float(attributes.get(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)),
-        stream_events=_int(attributes.get(sc.STREAM_EVENTS)),
-        stream_max_gap=_float(attributes.get(sc.STREAM_MAX_GAP)),
-        resend_count=_int(attributes.get(sc.HTTP_REQUEST_RESEND_COUNT)) or 0,
+        server_processing=_float(attributes.get(semconv.SERVER_PROCESSING_TIME)),
+        network_overhead=_float(attributes.get(semconv.NETWORK_OVERHEAD)),
+        event_loop_lag=_float(attributes.get(semconv.EVENT_LOOP_LAG)),
+        time_to_first_chunk=_float(attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)),
+        stream_events=_int(attributes.get(semconv.STREAM_EVENTS)),
+        stream_max_gap=_float(attributes.get(semconv.STREAM_MAX_GAP)),
+        resend_count=_int(attributes.get(semconv.HTTP_REQUEST_RESEND_COUNT)) or 0,
         ratelimit=ratelimit,
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -236,12 +236,12 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
 
 def to_backoff(span: SpanRecord) -> Backoff:
     """The backoff a ``retry.backoff`` span describes."""
-    reason = span.attributes.get(sc.BACKOFF_REASON)
+    reason = span.attributes.get(semconv.BACKOFF_REASON)
     return Backoff(
         start_ns=span.start_ns,
         duration=(span.end_ns - span.start_ns) / 1e9,
         reason=None if reason is None else str(reason),
-        retry_after=_float(span.attributes.get(sc.BACKOFF_RETRY_AFTER)),
+        retry_after=_float(span.attributes.get(semconv.BACKOFF_RETRY_AFTER)),
     )
 
 
@@ -261,11 +261,11 @@ def calls_from_spans(spans: Iterable[SpanRecord]) -> list[Call]:
             children.setdefault(span.parent_id, []).append(span)
     members: list[tuple[int, str | None, Attempt | Backoff]] = []
     for span in spans:
-        if span.name == sc.BACKOFF_SPAN and span.kind == "INTERNAL":
+        if span.name == semconv.BACKOFF_SPAN and span.kind == "INTERNAL":
             members.append((span.start_ns, span.parent_id, to_backoff(span)))
             continue
         own = children.get(span.span_id, [])
-        has_phases = any(sc.PHASE in child.attributes for child in own)
+        has_phases = any(semconv.PHASE in child.attributes for child in own)
         if is_attempt(span, has_phases):
             members.append((span.start_ns, span.parent_id, to_attempt(span, own)))
     members.sort(key=lambda m: m[0])
