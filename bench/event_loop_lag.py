@@ -5,7 +5,7 @@
    attempt's start and end on the monitor.
 2. Accuracy: 50 aiohttp requests in flight against ``llm-latency mock-server`` in its own process
    (0.3 s to the first byte; openai-processing-ms reports the time it really spent), once with
-   an idle loop and once with the loop blocked from 0.15 s to 0.55 s. For each: the wait phase,
+   an idle loop and once with the loop blocked for 0.55 s once all requests are out. For each: the wait phase,
    the lag charged, the send-to-first-byte window less the lag (which should be the server's
    0.3 s), the server's reported time and the network overhead left.
 
@@ -27,7 +27,7 @@ import aiohttp
 from llm_latency.event_loop import LoopLagMonitor
 from tests.conftest import Telemetry
 from tests.test_cli import mock_server
-from tests.test_event_loop_lag import burst, facts
+from tests.test_event_loop_lag import BLOCK, SentRequests, burst, facts
 
 SECONDS = 3.0
 PAIRS = 200_000
@@ -83,11 +83,15 @@ async def accuracy(url: str, blocked: bool) -> str:
     telemetry = Telemetry()
     telemetry.instrument()
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        sent = SentRequests()
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(
+            connector=connector, trace_configs=[sent.config]
+        ) as session:
             async with session.post(url, json={}) as response:
                 await response.read()
             telemetry.exporter.clear()
-            await burst(session, url, 0.15 if blocked else None)
+            await burst(session, url, sent if blocked else None)
     finally:
         import llm_latency
 
@@ -99,7 +103,7 @@ async def accuracy(url: str, blocked: bool) -> str:
     server = statistics.median(r["llm_latency.server.processing_time"] for r in rows)
     overhead = statistics.median(r["llm_latency.network_overhead"] for r in rows)
     return (
-        f"{'blocked 0.4 s' if blocked else 'idle loop':<14} wait p50 {wait * 1000:6.1f} ms"
+        f"{f'blocked {BLOCK:g} s' if blocked else 'idle loop':<14} wait p50 {wait * 1000:6.1f} ms"
         f"  lag p50 {lag * 1000:6.1f} ms  window-lag min/p50/max {left[0] * 1000:.1f}/"
         f"{statistics.median(left) * 1000:.1f}/{left[-1] * 1000:.1f} ms"
         f"  server p50 {server * 1000:.0f} ms  overhead p50 {overhead * 1000:.1f} ms"

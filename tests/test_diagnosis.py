@@ -41,6 +41,8 @@ def rules_found(findings: list[Finding]) -> list[str]:
 
 def finding(findings: list[Finding], rule: str) -> Finding:
     (found,) = [f for f in findings if f.rule == rule]
+    assert 0 < found.evidence.share <= 1, found.evidence  # a share of the time, never more
+    assert found.evidence.count <= found.evidence.requests
     return found
 
 

@@ -1,30 +1,43 @@
 """Logical calls: the attempts of one operation (an SDK call, a ``llm_latency.retry`` call, a
 urllib3 ``urlopen`` with its own retries) and the waits between them.
 
-A :class:`LogicalCall` is plain data, like a Timeline: the adapters and the retry helper mark
-where a call begins and ends; the emitter reads it to parent the attempts, to number them, and
-to emit a ``retry.backoff`` span for each wait between two of them.
+A :class:`LogicalCall` is a small state machine with no OpenTelemetry in it: the adapters and
+the retry helper mark where a call begins and ends; the emitter tells it when each attempt
+starts and ends, and it answers with the attempt's number, the wait to emit as a
+``retry.backoff`` span, and whether the call is over.
 """
 
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class Backoff(NamedTuple):
+    """The wait between a failed attempt of a call and the next one: what to emit for it."""
+
+    reason: str
+    retry_after: float | None
+    host: str
+    start_epoch_ns: int
+    end_epoch_ns: int
 
 
 class LogicalCall:
-    """One operation that may take several HTTP attempts."""
+    """One operation that may take several HTTP attempts. Its state changes only through its
+    methods, which the emitter calls as attempts start and end and the retry helper calls as
+    it numbers its attempts."""
 
     __slots__ = (
+        "_helper_attempt",
+        "_last_end_epoch_ns",
+        "_last_reason",
+        "_last_retry_after",
+        "_open_attempts",
+        "_returned",
         "attempts",
-        "helper_attempt",
-        "last_end_epoch_ns",
         "last_host",
-        "last_reason",
-        "last_retry_after",
-        "open_attempts",
         "own_backoffs",
-        "returned",
         "span",
     )
 
@@ -34,14 +47,56 @@ class LogicalCall:
         self.span = span
         #: True when the caller (the retry helper) emits the backoff spans itself.
         self.own_backoffs = own_backoffs
+        #: Attempts started so far.
         self.attempts = 0
-        self.helper_attempt = 0
-        self.open_attempts = 0
-        self.returned = False
-        self.last_end_epoch_ns = 0
-        self.last_reason: str | None = None
-        self.last_retry_after: float | None = None
+        #: The host of the latest attempt that ended.
         self.last_host = ""
+        self._helper_attempt = 0
+        self._open_attempts = 0
+        self._returned = False
+        self._last_end_epoch_ns = 0
+        self._last_reason: str | None = None
+        self._last_retry_after: float | None = None
+
+    def number_next(self, attempt: int) -> None:
+        """The retry helper's attempt ``attempt`` (from 0) starts: its HTTP attempts carry it
+        as their resend count."""
+        self._helper_attempt = attempt
+
+    def attempt_started(self, start_epoch_ns: int, resend_count: int) -> tuple[int, Backoff | None]:
+        """An attempt of this call starts. Returns its resend count, and the wait since the
+        previous attempt when that one failed and the call emits its own backoffs (after a
+        success, as after a redirect, the next attempt is no retry)."""
+        backoff = None
+        if self._last_reason is not None and self._last_end_epoch_ns and not self.own_backoffs:
+            backoff = Backoff(
+                self._last_reason,
+                self._last_retry_after,
+                self.last_host,
+                self._last_end_epoch_ns,
+                max(start_epoch_ns, self._last_end_epoch_ns),
+            )
+        self.attempts += 1
+        self._open_attempts += 1
+        return max(resend_count, self._helper_attempt), backoff
+
+    def attempt_ended(
+        self, end_epoch_ns: int, reason: str | None, retry_after: float | None, host: str
+    ) -> bool:
+        """An attempt of this call ended (``reason``: its error type or failed status, None
+        for a success). True when the whole call is over: it returned, nothing is open."""
+        self._open_attempts -= 1
+        self._last_end_epoch_ns = end_epoch_ns
+        self._last_reason = reason
+        self._last_retry_after = retry_after
+        self.last_host = host
+        return self._returned and self._open_attempts <= 0
+
+    def returned(self) -> bool:
+        """The operation returned (or raised). True when the whole call is over; False while
+        an attempt is still open (a stream still being read ends it later)."""
+        self._returned = True
+        return self._open_attempts <= 0
 
 
 #: The logical call running in this task or thread, if any.

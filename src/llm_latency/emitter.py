@@ -26,6 +26,7 @@ from llm_latency import headers, semconv
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.event_loop import monitor_of_running_loop
 from llm_latency.event_loop import stop_all as stop_lag_monitors
+from llm_latency.facts import AttemptFacts, error_type, read_facts
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
@@ -39,21 +40,6 @@ _logger = logging.getLogger(__name__)
 
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
-
-
-def send_to_first_byte(timeline: Timeline) -> float | None:
-    """Seconds from the start of sending the request to its first response byte: the window
-    that holds the server's whole processing time (the server may start as soon as the request's
-    start reaches it, while the body is still being sent)."""
-    send, wait = timeline.bounds_of(SEND), timeline.bounds_of(WAIT)
-    if send is None or wait is None:
-        return None
-    return (wait[1] - send[0]) / 1e9
-
-
-def error_type(error: BaseException) -> str:
-    """``error.type`` for an exception: its class name, as the contrib instrumentations use."""
-    return type(error).__qualname__
 
 
 class Emitter:
@@ -179,17 +165,14 @@ class Emitter:
 
     def _attempt_starts(self, call: LogicalCall, timeline: Timeline) -> None:
         timeline.call = call
-        if call.helper_attempt > timeline.resend_count:
-            timeline.resend_count = call.helper_attempt
-        if call.last_reason is not None and call.last_end_epoch_ns and not call.own_backoffs:
-            # The wait between the previous, failed attempt of this call and this one (after a
-            # success, as after a redirect, the next attempt is no retry).
-            backoff = self.start_backoff(
-                call.last_reason, call.last_retry_after, call.last_host, call.last_end_epoch_ns
+        timeline.resend_count, backoff = call.attempt_started(
+            timeline.epoch_start_ns, timeline.resend_count
+        )
+        if backoff is not None:
+            span = self.start_backoff(
+                backoff.reason, backoff.retry_after, backoff.host, backoff.start_epoch_ns
             )
-            backoff.end(max(timeline.epoch_start_ns, call.last_end_epoch_ns))
-        call.attempts += 1
-        call.open_attempts += 1
+            span.end(backoff.end_epoch_ns)
 
     def start_backoff(
         self,
@@ -207,27 +190,32 @@ class Emitter:
             semconv.BACKOFF_SPAN, kind=_INTERNAL, attributes=attributes, start_time=start_epoch_ns
         )
 
-    def open_call(self, name: str, attributes: dict[str, Any]) -> LogicalCall:
+    def open_call(
+        self, name: str, attributes: dict[str, Any], *, own_backoffs: bool = False
+    ) -> LogicalCall:
         """A logical call with its own parent span, unless a GenAI span is already current:
-        then that span is the parent, and none is added."""
+        then that span is the parent, and none is added. ``own_backoffs``: the caller (the
+        retry helper) emits the backoff spans itself."""
+        if self._follows_global or self._setup_pending:
+            # The set-up at the first request happens here when a call opens first, or the
+            # first call's span would go to the API's no-op tracer.
+            self._settle_tracer()
         current = get_current_span()
         current_attributes = getattr(current, "attributes", None) or {}
         if current.is_recording() and any(key.startswith("gen_ai.") for key in current_attributes):
-            return LogicalCall()
-        return LogicalCall(self._tracer.start_span(name, kind=_INTERNAL, attributes=attributes))
+            return LogicalCall(own_backoffs=own_backoffs)
+        span = self._tracer.start_span(name, kind=_INTERNAL, attributes=attributes)
+        return LogicalCall(span, own_backoffs=own_backoffs)
 
     def close_call(self, call: LogicalCall, error: BaseException | None = None) -> None:
         """The operation returned (or raised). Its span ends now, or when its last attempt
         (a stream still being read) ends."""
-        call.returned = True
         span = call.span
-        if span is None:
-            return
-        if error is not None:
+        if span is not None and error is not None:
             span.set_status(Status(StatusCode.ERROR, error_type(error)))
             span.set_attribute(semconv.ERROR_TYPE, error_type(error))
             span.record_exception(error)
-        if call.open_attempts <= 0:
+        if call.returned():
             self._end_call(call)
 
     def _end_call(self, call: LogicalCall) -> None:
@@ -237,17 +225,13 @@ class Emitter:
             span.end()
 
     def _attempt_ends(
-        self, timeline: Timeline, reason: str | None, found: dict[str, list[str]]
+        self, timeline: Timeline, reason: str | None, retry_after: float | None
     ) -> None:
-        call: LogicalCall = timeline.call
-        call.open_attempts -= 1
-        call.last_end_epoch_ns = timeline.to_epoch_ns(timeline.end_ns)
-        call.last_reason = reason
-        call.last_host = timeline.host
-        call.last_retry_after = headers.retry_after(
-            headers.first(found, "retry-after-ms"), headers.first(found, "retry-after")
-        )
-        if call.returned and call.open_attempts <= 0:
+        call = timeline.call
+        if call is None:
+            return
+        end = timeline.to_epoch_ns(timeline.end_ns)
+        if call.attempt_ended(end, reason, retry_after, timeline.host):
             self._end_call(call)
 
     # -- finish -------------------------------------------------------------------------------
@@ -266,8 +250,7 @@ class Emitter:
                 span = timeline.span
                 if span is not None and span.is_recording():
                     span.end(timeline.to_epoch_ns(timeline.end_ns))
-                if timeline.call is not None:
-                    self._attempt_ends(timeline, None, {})
+                self._attempt_ends(timeline, None, None)
             except Exception:
                 pass  # already reported
 
@@ -284,16 +267,17 @@ class Emitter:
 
     @staticmethod
     def _loop_lag(timeline: Timeline) -> tuple[float, float] | None:
-        """How long the attempt's busy event loop delayed the end of its wait phase and of its
-        receive phase (s); None for an attempt not on a loop. Once per attempt."""
+        """How long the attempt's busy event loop delayed the end of its send and wait phases
+        (the send-to-first-byte window), and of its receive phase (s); None for an attempt not
+        on a loop. Once per attempt."""
         monitor = timeline.loop_monitor
         if monitor is None:
             return None
         timeline.loop_monitor = None
-        in_wait, in_receive = monitor.attempt_ended(
-            (timeline.bounds_of(WAIT), timeline.bounds_of(RECEIVE))
+        in_send, in_wait, in_receive = monitor.attempt_ended(
+            (timeline.bounds_of(SEND), timeline.bounds_of(WAIT), timeline.bounds_of(RECEIVE))
         )
-        return in_wait / 1e9, in_receive / 1e9
+        return (in_send + in_wait) / 1e9, in_receive / 1e9
 
     def finish_all(self) -> None:
         """End every attempt still open, and stop watching the pools (at uninstrument: what
@@ -316,76 +300,49 @@ class Emitter:
         span: Span | None = timeline.span
         if span is None:
             return
-        attrs: dict[str, Any] = {}
-        found: dict[str, list[str]] = {}
-        if timeline.response_headers is not None and self._wanted:
-            found = headers.select(timeline.response_headers, self._wanted)
-            for name, values in found.items():
-                attrs[self._header_attrs[name]] = values
-        status = timeline.status_code
-        if status is not None:
-            attrs[semconv.HTTP_RESPONSE_STATUS_CODE] = status
-        if timeline.protocol_version:
-            attrs[semconv.NETWORK_PROTOCOL_VERSION] = timeline.protocol_version
-        if timeline.reused is not None:
-            attrs[semconv.CONNECTION_REUSED] = timeline.reused
-        if timeline.resend_count:
-            attrs[semconv.HTTP_REQUEST_RESEND_COUNT] = timeline.resend_count
-
-        processing = headers.parse_number(headers.first(found, headers.PROCESSING_MS_HEADER))
-        window = send_to_first_byte(timeline)
-        lag_total: float | None = None
-        wait_lag = 0.0
-        if lag is not None:
-            wait_lag, receive_lag = lag
-            if processing is not None and window is not None:
-                # The response cannot have come before the server's processing was done: the
-                # loop delayed it by no more than what the processing time leaves of the wait.
-                wait_lag = min(wait_lag, max(window - processing / 1000.0, 0.0))
-            lag_total = wait_lag + receive_lag
-            attrs[semconv.EVENT_LOOP_LAG] = lag_total
-        if processing is not None:
-            processing /= 1000.0
-            attrs[semconv.SERVER_PROCESSING_TIME] = processing
-            if window is not None:
-                attrs[semconv.NETWORK_OVERHEAD] = window - processing - wait_lag
-
-        first_chunk: float | None = None
-        if timeline.sse is not None and timeline.first_chunk_ns:
-            first_chunk = (timeline.first_chunk_ns - timeline.start_ns) / 1e9
-            attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = first_chunk
-            attrs[semconv.STREAM_EVENTS] = timeline.sse.events
-            attrs[semconv.STREAM_MAX_GAP] = timeline.max_gap_ns / 1e9
-
-        error = timeline.error
-        err_type: str | None = None
-        if error is not None:
-            err_type = error_type(error)
-            if timeline.failed_phase is not None:
-                attrs[semconv.FAILED_PHASE] = PHASE_NAMES[timeline.failed_phase]
-        elif status is not None and status >= 400:
-            err_type = str(status)
-        if err_type is not None:
-            attrs[semconv.ERROR_TYPE] = err_type
-        span.set_attributes(attrs)
-
-        host = timeline.host
+        facts = read_facts(timeline, lag, self._wanted)
+        span.set_attributes(self._attributes(timeline, facts))
         ctx = set_span_in_context(span)
-        self._emit_phases(timeline, span, ctx, host, error)
-
+        error = timeline.error
+        self._emit_phases(timeline, span, ctx, timeline.host, error)
         if error is not None:
             if timeline.failed_phase is None or not self.phase_spans:
                 span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, f"{err_type}"))
-        elif err_type is not None:
+            span.set_status(Status(StatusCode.ERROR, f"{facts.error_type}"))
+        elif facts.error_type is not None:
             span.set_status(Status(StatusCode.ERROR))
         span.end(timeline.to_epoch_ns(timeline.end_ns))
+        self.metrics.record(timeline, facts, ctx)
+        self._attempt_ends(timeline, facts.error_type, facts.retry_after)
 
-        self._record_metrics(
-            timeline, ctx, found, status, err_type, first_chunk, processing, lag_total
-        )
-        if timeline.call is not None:
-            self._attempt_ends(timeline, err_type, found)
+    def _attributes(self, timeline: Timeline, facts: AttemptFacts) -> dict[str, Any]:
+        """The request span's attributes known once the attempt has ended."""
+        attributes: dict[str, Any] = {}
+        for name, values in facts.headers.items():
+            attributes[self._header_attrs[name]] = values
+        if facts.status is not None:
+            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = facts.status
+        if timeline.protocol_version:
+            attributes[semconv.NETWORK_PROTOCOL_VERSION] = timeline.protocol_version
+        if timeline.reused is not None:
+            attributes[semconv.CONNECTION_REUSED] = timeline.reused
+        if timeline.resend_count:
+            attributes[semconv.HTTP_REQUEST_RESEND_COUNT] = timeline.resend_count
+        if facts.event_loop_lag is not None:
+            attributes[semconv.EVENT_LOOP_LAG] = facts.event_loop_lag
+        if facts.server_processing is not None:
+            attributes[semconv.SERVER_PROCESSING_TIME] = facts.server_processing
+        if facts.network_overhead is not None:
+            attributes[semconv.NETWORK_OVERHEAD] = facts.network_overhead
+        if facts.time_to_first_chunk is not None:
+            attributes[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = facts.time_to_first_chunk
+            attributes[semconv.STREAM_EVENTS] = facts.stream_events
+            attributes[semconv.STREAM_MAX_GAP] = facts.stream_max_gap
+        if facts.failed_phase is not None:
+            attributes[semconv.FAILED_PHASE] = facts.failed_phase
+        if facts.error_type is not None:
+            attributes[semconv.ERROR_TYPE] = facts.error_type
+        return attributes
 
     def _emit_phases(
         self, timeline: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None
@@ -420,50 +377,6 @@ class Emitter:
                 child.record_exception(error)
                 child.set_status(Status(StatusCode.ERROR, kind))
             child.end(timeline.to_epoch_ns(end))
-
-    def _record_metrics(
-        self,
-        timeline: Timeline,
-        ctx: Context,
-        found: dict[str, list[str]],
-        status: int | None,
-        err_type: str | None,
-        first_chunk: float | None,
-        processing: float | None,
-        lag: float | None,
-    ) -> None:
-        host = timeline.host
-        method = timeline.method
-        attributes: dict[str, Any] = {
-            semconv.HTTP_REQUEST_METHOD: method,
-            semconv.SERVER_ADDRESS: host,
-        }
-        if timeline.port is not None:
-            attributes[semconv.SERVER_PORT] = timeline.port
-        if status is not None:
-            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = status
-        if err_type is not None:
-            attributes[semconv.ERROR_TYPE] = err_type
-        metrics = self.metrics
-        metrics.attempt(
-            timeline.duration,
-            attributes,
-            host,
-            status,
-            timeline.reused,
-            first_chunk,
-            processing,
-            ctx,
-        )
-        if lag is not None:
-            metrics.event_loop_lag.record(lag, {semconv.SERVER_ADDRESS: host}, ctx)
-        for header, kind in headers.RATELIMIT_REMAINING_HEADERS.items():
-            remaining = headers.parse_number(headers.first(found, header))
-            if remaining is not None:
-                reset_in = headers.parse_duration(
-                    headers.first(found, headers.RATELIMIT_RESET_HEADERS[kind])
-                )
-                metrics.ratelimit(host, kind, remaining, reset_in)
 
     def failed_once(self, what: str) -> None:
         """Log a fault inside the plugin, once per emitter."""

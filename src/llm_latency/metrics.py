@@ -18,7 +18,9 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from llm_latency import semconv
+from llm_latency import headers, semconv
+from llm_latency.facts import AttemptFacts
+from llm_latency.timeline import Timeline
 
 Attributes = tuple[tuple[str, Any], ...]
 
@@ -159,34 +161,44 @@ class AttemptMetrics:
         shared with the phase's span, see ``PhaseSpanWriter.attributes``)."""
         self.phase_duration.record(seconds, attributes, context)
 
-    def attempt(
-        self,
-        seconds: float,
-        attributes: dict[str, Any],
-        host: str,
-        status: int | None,
-        reused: bool | None,
-        time_to_first_chunk: float | None,
-        server_processing: float | None,
-        context: Context,
-    ) -> None:
-        """Record one finished attempt: duration, server processing time, first chunk, 429s,
-        connection reuse."""
-        self.request_duration.record(seconds, attributes, context)
-        if server_processing is not None:
-            self.server_processing.record(
-                server_processing, {semconv.SERVER_ADDRESS: host}, context
-            )
-        if time_to_first_chunk is not None:
-            self.time_to_first_chunk.record(
-                time_to_first_chunk, {semconv.SERVER_ADDRESS: host}, context
-            )
+    def record(self, timeline: Timeline, facts: AttemptFacts, context: Context) -> None:
+        """Record one finished attempt: its duration, the provider's time, the first chunk, the
+        loop lag, 429s, connection reuse and the rate-limit state its headers give."""
+        host = timeline.host
+        attributes: dict[str, Any] = {
+            semconv.HTTP_REQUEST_METHOD: timeline.method,
+            semconv.SERVER_ADDRESS: host,
+        }
+        if timeline.port is not None:
+            attributes[semconv.SERVER_PORT] = timeline.port
+        status = facts.status
+        if status is not None:
+            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = status
+        if facts.error_type is not None:
+            attributes[semconv.ERROR_TYPE] = facts.error_type
+        self.request_duration.record(timeline.duration, attributes, context)
+        by_host = None
+        if facts.server_processing is not None:
+            by_host = {semconv.SERVER_ADDRESS: host}
+            self.server_processing.record(facts.server_processing, by_host, context)
+        if facts.time_to_first_chunk is not None:
+            by_host = by_host or {semconv.SERVER_ADDRESS: host}
+            self.time_to_first_chunk.record(facts.time_to_first_chunk, by_host, context)
+        if facts.event_loop_lag is not None:
+            by_host = by_host or {semconv.SERVER_ADDRESS: host}
+            self.event_loop_lag.record(facts.event_loop_lag, by_host, context)
         if status == 429:
             self.rate_limited.add(((semconv.SERVER_ADDRESS, host),))
-        if reused is not None:
+        if timeline.reused is not None:
             self.connections.add(
-                ((semconv.SERVER_ADDRESS, host), (semconv.CONNECTION_REUSED, reused))
+                ((semconv.SERVER_ADDRESS, host), (semconv.CONNECTION_REUSED, timeline.reused))
             )
+        found = facts.headers
+        for header, kind in headers.RATELIMIT_REMAINING_HEADERS.items():
+            remaining = headers.parse_number(headers.first(found, header))
+            if remaining is not None:
+                reset = headers.first(found, headers.RATELIMIT_RESET_HEADERS[kind])
+                self.ratelimit(host, kind, remaining, headers.parse_duration(reset))
 
     def retry(self, host: str, reason: str | None) -> None:
         """One attempt was retried, because of ``reason`` (a status code or an error type)."""

@@ -172,8 +172,7 @@ class _Run:
         self._backoff: Span | None = None
         if self._emitter is not None:
             try:
-                self.call = self._emitter.open_call(name, {})
-                self.call.own_backoffs = True
+                self.call = self._emitter.open_call(name, {}, own_backoffs=True)
                 span = self.call.span
                 if span is not None:
                     self._attached = context.attach(trace.set_span_in_context(span))
@@ -192,7 +191,7 @@ class _Run:
 
     def attempt(self, number: int) -> None:
         """Attempt ``number`` (from 0) starts."""
-        self.call.helper_attempt = number
+        self.call.number_next(number)
 
     def failed(self, number: int, error: Exception) -> float | None:
         """Seconds to wait before the next attempt (the backoff span starts), or None to

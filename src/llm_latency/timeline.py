@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any, Final
 from llm_latency.sse import SSECounter
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from llm_latency.calls import LogicalCall
     from llm_latency.event_loop import LoopLagMonitor
 
 QUEUE: Final = 0
@@ -86,7 +89,7 @@ class Timeline:
         self._current = -1
         self.end_ns = 0
         self.ended = False
-        self.span: Any = None
+        self.span: Span | None = None  # the request span, once the emitter started it
         self.status_code: int | None = None
         self.protocol_version: str | None = None
         self.response_headers: RawHeaders | None = None
@@ -100,7 +103,7 @@ class Timeline:
         self.chunks = 0
         self.bytes_received = 0
         self.sse: SSECounter | None = None
-        self.call: Any = None  # the LogicalCall this attempt belongs to, if any
+        self.call: LogicalCall | None = None  # the logical call of this attempt, if any
         self.loop_monitor: LoopLagMonitor | None = None  # its event loop's (async clients)
 
     # -- phases -------------------------------------------------------------------------------

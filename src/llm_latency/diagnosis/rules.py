@@ -243,20 +243,26 @@ def rate_limits(calls: Sequence[Call]) -> Finding | None:
         attempts
     ):
         return None
-    # Per call that retried: the failed attempts' time and the backoffs between them.
-    lost = [
-        sum(a.duration for a in call.attempts if not a.succeeded) + call.backoff_time
+    # Per call that retried or was refused: its failed attempts' time and its backoffs.
+    affected = [
+        call
         for call in calls
         if len(call.attempts) > 1 or any(a.status == 429 for a in call.attempts)
     ]
-    backoff = sum(call.backoff_time for call in calls)
+    lost = [
+        sum(a.duration for a in call.attempts if not a.succeeded) + call.backoff_time
+        for call in affected
+    ]
     if not lost:
         return None
-    evidence = Evidence.of("retry.backoff", lost, sum(lost) / _total(attempts), len(attempts))
+    backoff = sum(call.backoff_time for call in calls)
+    whole = sum(call.duration for call in calls) or 1e-9  # backoffs included
+    evidence = Evidence.of("failed attempts + retry.backoff", lost, sum(lost) / whole, len(calls))
+    waited = f"; {duration(backoff)} went to retry.backoff" if backoff > 0 else ""
     return Finding(
         rule="rate-limits",
         cause=f"{limited} of {len(attempts)} attempts were rate limited (429) and {retried} were "
-        f"retries; {duration(backoff)} went to retry.backoff",
+        f"retries{waited}",
         evidence=evidence,
         fix="limit the request rate on the client side (a token bucket under the provider's "
         "x-ratelimit-limit-requests) and honour retry-after (the SDKs do; a loop of one's own "

@@ -1,0 +1,107 @@
+"""What a finished Timeline says about its attempt, as plain values: a pure function of the
+Timeline (and of the event-loop lag measured for it), with no OpenTelemetry in it. The emitter
+names these facts as attributes and metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_latency import headers
+from llm_latency.timeline import PHASE_NAMES, SEND, WAIT, Timeline
+
+
+def error_type(error: BaseException) -> str:
+    """``error.type`` for an exception: its class name, as the contrib instrumentations use."""
+    return type(error).__qualname__
+
+
+def send_to_first_byte(timeline: Timeline) -> float | None:
+    """Seconds from the start of sending the request to its first response byte: the window
+    that holds the server's whole processing time (the server may start as soon as the request's
+    start reaches it, while the body is still being sent)."""
+    send, wait = timeline.bounds_of(SEND), timeline.bounds_of(WAIT)
+    if send is None or wait is None:
+        return None
+    return (wait[1] - send[0]) / 1e9
+
+
+@dataclass
+class AttemptFacts:
+    """One finished attempt's facts; durations in seconds, None when not known."""
+
+    #: Allow-listed response headers found, by lowercase name.
+    headers: dict[str, list[str]]
+    status: int | None
+    #: ``error.type``: the exception's class name, or the status code of a 4xx/5xx response.
+    error_type: str | None
+    failed_phase: str | None
+    server_processing: float | None
+    #: Send-to-first-byte window less the server's time and the loop lag charged to it.
+    network_overhead: float | None
+    #: Lag charged to the send-to-first-byte window and the receive phase together.
+    event_loop_lag: float | None
+    time_to_first_chunk: float | None
+    stream_events: int | None
+    stream_max_gap: float | None
+    #: The wait the server asked for before a retry (``retry-after-ms``, ``retry-after``).
+    retry_after: float | None
+
+
+def read_facts(
+    timeline: Timeline, lag: tuple[float, float] | None, wanted: frozenset[str]
+) -> AttemptFacts:
+    """The facts of a finished attempt. ``lag``: how long its busy event loop delayed the end
+    of its send and wait phases, and of its receive phase (s), None for an attempt not on a
+    loop; ``wanted``: the response headers to keep."""
+    found: dict[str, list[str]] = {}
+    if timeline.response_headers is not None and wanted:
+        found = headers.select(timeline.response_headers, wanted)
+    processing_ms = headers.parse_number(headers.first(found, headers.PROCESSING_MS_HEADER))
+    processing = None if processing_ms is None else processing_ms / 1000.0
+    window = send_to_first_byte(timeline)
+
+    lag_total: float | None = None
+    wait_lag = 0.0
+    if lag is not None:
+        wait_lag, receive_lag = lag
+        if processing is not None and window is not None:
+            # The response cannot have come before the server's processing was done: the loop
+            # delayed it by no more than what the processing time leaves of the window.
+            wait_lag = min(wait_lag, max(window - processing, 0.0))
+        lag_total = wait_lag + receive_lag
+    overhead = None
+    if processing is not None and window is not None:
+        overhead = window - processing - wait_lag
+
+    first_chunk = events = max_gap = None
+    if timeline.sse is not None and timeline.first_chunk_ns:
+        first_chunk = (timeline.first_chunk_ns - timeline.start_ns) / 1e9
+        events = timeline.sse.events
+        max_gap = timeline.max_gap_ns / 1e9
+
+    status = timeline.status_code
+    error = timeline.error
+    kind: str | None = None
+    failed_phase = None
+    if error is not None:
+        kind = error_type(error)
+        if timeline.failed_phase is not None:
+            failed_phase = PHASE_NAMES[timeline.failed_phase]
+    elif status is not None and status >= 400:
+        kind = str(status)
+    return AttemptFacts(
+        headers=found,
+        status=status,
+        error_type=kind,
+        failed_phase=failed_phase,
+        server_processing=processing,
+        network_overhead=overhead,
+        event_loop_lag=lag_total,
+        time_to_first_chunk=first_chunk,
+        stream_events=events,
+        stream_max_gap=max_gap,
+        retry_after=headers.retry_after(
+            headers.first(found, "retry-after-ms"), headers.first(found, "retry-after")
+        ),
+    )

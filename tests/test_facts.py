@@ -1,0 +1,82 @@
+"""The facts of a finished attempt, read from its Timeline alone (no OpenTelemetry): the
+server's time, the network overhead, the loop lag the program is charged, the stream's facts,
+the error type, and the wait a server asked for."""
+
+from __future__ import annotations
+
+from llm_latency.facts import AttemptFacts, read_facts
+from llm_latency.sse import SSECounter
+from llm_latency.timeline import RECEIVE, SEND, WAIT, Timeline
+
+MS = 1_000_000
+WANTED = frozenset({"openai-processing-ms", "retry-after-ms", "x-request-id"})
+
+
+def attempt(processing_ms: str | None = "250", status: int = 200) -> Timeline:
+    """Sent at 0-20 ms, first byte at 320 ms, last byte at 400 ms."""
+    timeline = Timeline("POST", "http://api.llm.test/v1/chat/completions")
+    t0 = timeline.start_ns
+    timeline.begin(SEND, at=t0)
+    timeline.begin(WAIT, at=t0 + 20 * MS)
+    timeline.end_phase(WAIT, at=t0 + 320 * MS)
+    timeline.begin(RECEIVE, at=t0 + 320 * MS)
+    timeline.status_code = status
+    timeline.response_headers = [(b"X-Request-Id", b"req_1"), (b"Content-Type", b"json")]
+    if processing_ms is not None:
+        timeline.response_headers.append((b"openai-processing-ms", processing_ms.encode()))
+    timeline.close(at=t0 + 400 * MS)
+    return timeline
+
+
+def test_the_overhead_is_the_window_less_the_servers_time() -> None:
+    facts = read_facts(attempt(), None, WANTED)
+    assert facts.headers == {"x-request-id": ["req_1"], "openai-processing-ms": ["250"]}
+    assert facts.server_processing == 0.25
+    # From the start of the send (0 ms) to the first byte (320 ms), less 250 ms.
+    assert facts.network_overhead is not None and abs(facts.network_overhead - 0.07) < 1e-9
+    assert facts.event_loop_lag is None and facts.error_type is None
+
+
+def test_the_lag_charged_to_the_wait_never_takes_the_servers_time() -> None:
+    """The loop was busy for 200 ms of the wait and 30 ms of the receive; the server says it
+    spent 250 of the 320 ms window, so at most 70 ms of the wait can be the program's."""
+    facts = read_facts(attempt(), (0.2, 0.03), WANTED)
+    assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.1) < 1e-9
+    assert facts.network_overhead is not None and abs(facts.network_overhead) < 1e-9
+
+
+def test_without_the_servers_time_the_lag_is_all_charged() -> None:
+    facts = read_facts(attempt(processing_ms=None), (0.2, 0.03), WANTED)
+    assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.23) < 1e-9
+    assert facts.server_processing is None and facts.network_overhead is None
+
+
+def test_a_failed_status_and_the_wait_it_asks_for() -> None:
+    timeline = attempt(status=429)
+    assert timeline.response_headers is not None
+    timeline.response_headers = [*timeline.response_headers, (b"retry-after-ms", b"1500")]
+    facts = read_facts(timeline, None, WANTED)
+    assert (facts.status, facts.error_type, facts.retry_after) == (429, "429", 1.5)
+
+
+def test_an_exception_names_the_phase_it_interrupted() -> None:
+    timeline = Timeline("POST", "http://api.llm.test/v1/chat/completions")
+    timeline.begin(WAIT)
+    timeline.fail(TimeoutError("read timed out"))
+    timeline.close()
+    facts = read_facts(timeline, None, WANTED)
+    assert (facts.error_type, facts.failed_phase, facts.status) == ("TimeoutError", "wait", None)
+
+
+def test_a_streams_facts() -> None:
+    timeline = Timeline("POST", "http://api.llm.test/v1/chat/completions")
+    timeline.sse = SSECounter()
+    timeline.begin(RECEIVE)
+    for _ in range(3):
+        timeline.chunk(b"data: {}\n\n")
+    timeline.close()
+    facts = read_facts(timeline, None, WANTED)
+    assert isinstance(facts, AttemptFacts)
+    assert facts.stream_events == 3
+    assert facts.time_to_first_chunk is not None and facts.time_to_first_chunk >= 0
+    assert facts.stream_max_gap is not None and facts.stream_max_gap >= 0
