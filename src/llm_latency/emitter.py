@@ -205,6 +205,10 @@ class Emitter:
     def open_call(self, name: str, attributes: dict[str, Any]) -> LogicalCall:
         """A logical call with its own parent span, unless a GenAI span is already current:
         then that span is the parent, and none is added."""
+        if self._follows_global or self._setup_pending:
+            # The set-up at the first request happens here when a call opens first, or the
+            # first call's span would go to the API's no-op tracer.
+            self._settle_tracer()
         current = get_current_span()
         current_attributes = getattr(current, "attributes", None) or {}
         if current.is_recording() and any(key.startswith("gen_ai.") for key in current_attributes):
