@@ -76,7 +76,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     assert [line.split()[0] for line in first[2:6]] == [
         "http.connect", "http.send", "http.wait", "http.receive"
     ]  # fmt: skip
-    assert first[6].startswith("→ the provider spent")
+    assert first[6].startswith("→ ")  # its findings (which ones depends on the timing)
 
     assert re.fullmatch(rf"{call_name} +0{NBSP}µs \+ +{MS}  attempts=2 backoff={MS}", second[0])
     assert re.fullmatch(
@@ -97,7 +97,10 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
         second[6],
     ), second[6]
     assert [line.split()[0] for line in second[7:10]] == ["http.send", "http.wait", "http.receive"]
-    assert second[10].startswith("→ 1 of 2 attempts were rate limited (429) and 1 were retries")
+    assert any(
+        line.startswith("→ 1 of 2 attempts were rate limited (429) and 1 were retries")
+        for line in second[10:]
+    )
     ids = re.findall(REQUEST_ID, "\n".join(first + second))
     assert len(ids) == len(set(ids)) == 3  # each attempt's own
 
@@ -166,7 +169,7 @@ async def test_a_call_split_over_exports_is_printed_once(
         "POST /v1/chat/completions", "http.send", "http.wait", "http.receive",
     ]  # fmt: skip
     assert "request_id=req_429" in block[1] and "request_id=req_openai_1" in block[7]
-    assert block[11].startswith("→ 1 of 2 attempts were rate limited")
+    assert any(line.startswith("→ 1 of 2 attempts were rate limited") for line in block[11:])
 
 
 async def test_calls_under_a_program_span_wait_for_it(

@@ -72,6 +72,8 @@ def parse(text: str, name: str = "input") -> TraceFile:
     if all(_is_otlp(document) for document in documents):
         spans = [span for document in documents for span in _otlp_spans(document, name)]
         return TraceFile(OTLP, spans)
+    if len(documents) == 1 and (error := _jaeger_error(documents[0])) is not None:
+        raise TraceFileError(f"{name} is Jaeger's answer with no trace but an error: {error}")
     if len(documents) == 1 and _jaeger_traces(documents[0]) is not None:
         traces = _jaeger_traces(documents[0]) or []
         return TraceFile(JAEGER, [span for trace in traces for span in _jaeger_spans(trace, name)])
@@ -161,7 +163,9 @@ def _otlp_spans(document: dict[str, Any], name: str) -> Iterator[SpanRecord]:
         resource_spans = _dict(resource_spans)
         scopes = _get(resource_spans, "scopeSpans", "scope_spans")
         if scopes is None:  # OTLP before 0.15
-            scopes = _get(resource_spans, "instrumentationLibrarySpans", "")
+            scopes = _get(
+                resource_spans, "instrumentationLibrarySpans", "instrumentation_library_spans"
+            )
         for scope_spans in _list(scopes):
             scope_spans = _dict(scope_spans)
             scope = _get(scope_spans, "scope", "scope")
@@ -272,6 +276,19 @@ def _jaeger_traces(document: Any) -> list[dict[str, Any]] | None:
     if isinstance(document, list) and document and all(_is_jaeger_trace(t) for t in document):
         return document
     return None
+
+
+def _jaeger_error(document: Any) -> str | None:
+    """The first error of a Jaeger answer that has no trace (``"data": null``), if any."""
+    if not isinstance(document, dict) or document.get("data"):
+        return None
+    errors = document.get("errors")
+    if not isinstance(errors, list) or not errors:
+        return None
+    first = errors[0]
+    if isinstance(first, dict):
+        return " ".join(str(first[key]) for key in ("code", "msg") if first.get(key) is not None)
+    return str(first)
 
 
 def _jaeger_spans(trace: dict[str, Any], name: str) -> Iterator[SpanRecord]:
