@@ -12,6 +12,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 from opentelemetry.trace import (
     Link,
+    NonRecordingSpan,
     Span,
     SpanKind,
     Status,
@@ -40,6 +41,20 @@ _logger = logging.getLogger(__name__)
 
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
+
+
+def _call_context(call: LogicalCall) -> Context | None:
+    """Where a backoff between two attempts of ``call`` belongs: under the call's own span, or
+    beside the attempts. An attempt starts under an HTTP client instrumentation's span for the
+    same request: the backoff goes under that span's parent, not inside the next request."""
+    if call.span is not None:
+        return set_span_in_context(call.span)
+    if not under_http_client_span():
+        return None
+    parent = getattr(get_current_span(), "parent", None)  # an SDK span's parent SpanContext
+    if parent is None:
+        return Context()  # a root: the request span had no parent either
+    return set_span_in_context(NonRecordingSpan(parent))
 
 
 class Emitter:
@@ -170,7 +185,11 @@ class Emitter:
         )
         if backoff is not None:
             span = self.start_backoff(
-                backoff.reason, backoff.retry_after, backoff.host, backoff.start_epoch_ns
+                backoff.reason,
+                backoff.retry_after,
+                backoff.host,
+                backoff.start_epoch_ns,
+                _call_context(call),
             )
             span.end(backoff.end_epoch_ns)
 
@@ -180,14 +199,20 @@ class Emitter:
         retry_after: float | None,
         host: str,
         start_epoch_ns: int | None = None,
+        context: Context | None = None,
     ) -> Span:
-        """Start a ``retry.backoff`` span (the caller ends it) and count the retry."""
+        """Start a ``retry.backoff`` span (the caller ends it) and count the retry. Its parent:
+        ``context``'s span, by default the current one."""
         attributes: dict[str, Any] = {semconv.BACKOFF_REASON: reason or "unknown"}
         if retry_after is not None:
             attributes[semconv.BACKOFF_RETRY_AFTER] = retry_after
         self.metrics.retry(host, reason)
         return self._tracer.start_span(
-            semconv.BACKOFF_SPAN, kind=_INTERNAL, attributes=attributes, start_time=start_epoch_ns
+            semconv.BACKOFF_SPAN,
+            context=context,
+            kind=_INTERNAL,
+            attributes=attributes,
+            start_time=start_epoch_ns,
         )
 
     def open_call(

@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 
 from llm_latency.cli.errors import CLIError
+from llm_latency.cli.explain import explain
 from llm_latency.cli.mock_server import Profile, running
 from llm_latency.cli.probe import (
     CLIENT_NAMES,
@@ -233,6 +234,9 @@ async def _serve(profile: Profile, host: str, port: int, tls: bool) -> None:
     except OSError as exc:
         raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     print("llm-latency mock-server stopped", flush=True)
+
+
+cli.add_command(explain)
 
 
 def run(argv: list[str]) -> int:

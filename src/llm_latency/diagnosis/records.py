@@ -271,13 +271,9 @@ def calls_from_spans(spans: Iterable[SpanRecord]) -> list[Call]:
     members.sort(key=lambda m: m[0])
     calls: list[Call] = []
     open_by_parent: dict[str, Call] = {}
-    for _, parent_id, member in members:
+    for _, direct_parent_id, member in members:
+        parent_id = logical_parent_id(direct_parent_id, by_id)
         parent = by_id.get(parent_id) if parent_id is not None else None
-        # Another instrumentation's CLIENT span for the same request wraps the attempt: the
-        # logical parent is above it.
-        while parent is not None and parent.kind == "CLIENT":
-            parent_id = parent.parent_id
-            parent = by_id.get(parent_id) if parent_id is not None else None
         current = open_by_parent.get(parent_id) if parent is not None and parent_id else None
         if isinstance(member, Backoff):
             if current is not None:
@@ -297,6 +293,29 @@ def calls_from_spans(spans: Iterable[SpanRecord]) -> list[Call]:
     for call in calls:
         _close(call)
     return calls
+
+
+def logical_parent_id(parent_id: str | None, by_id: Mapping[str, SpanRecord]) -> str | None:
+    """The span an attempt or a backoff belongs to, from its parent's id: that parent, or the
+    first span above it that is not an HTTP client instrumentation's span for the same request
+    (under ``opentelemetry-instrumentation-httpx``, say, llm-latency's request span is a child
+    of that instrumentation's CLIENT span; a GenAI span, CLIENT too, is a logical parent)."""
+    while parent_id is not None:
+        parent = by_id.get(parent_id)
+        if parent is None or not is_http_client_span(parent):
+            return parent_id
+        parent_id = parent.parent_id
+    return None
+
+
+#: Attributes only an HTTP request span carries: the stable HTTP names and the old ones, which
+#: the contrib instrumentations still emit by default.
+_HTTP_ATTRIBUTES = (semconv.URL_FULL, semconv.HTTP_REQUEST_METHOD, "http.url", "http.method")
+
+
+def is_http_client_span(span: SpanRecord) -> bool:
+    """True for an HTTP client instrumentation's request span (CLIENT, HTTP attributes)."""
+    return span.kind == "CLIENT" and any(name in span.attributes for name in _HTTP_ATTRIBUTES)
 
 
 def _new_call(attempt: Attempt, parent: SpanRecord | None) -> Call:

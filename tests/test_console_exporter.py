@@ -1,0 +1,231 @@
+"""``OTEL_TRACES_EXPORTER=llm_latency_console``: a program run for real with that variable
+prints each finished call as a tree (attempts, backoff, phases, request ids) and its findings;
+in process, a call split over many export batches is printed once, when it is over."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+from llm_latency import console_exporter
+from llm_latency.console_exporter import LLMLatencyConsoleSpanExporter
+from llm_latency.diagnosis.findings import NBSP
+from tests.conftest import Telemetry
+from tests.provider_api import ProviderServer, provider_server
+from tests.servers import LLMServer
+from tests.test_cli import mock_server
+
+APP = """
+import sys
+
+import openai
+
+import llm_latency
+
+llm_latency.instrument()
+client = openai.OpenAI(base_url=sys.argv[1], api_key="sk-never-printed-5150")
+for _ in range(2):
+    client.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "hi"}])
+print("the program's own output")
+"""
+REQUEST_ID = r"req_[0-9a-f]{24}"
+MS = rf"[\d.]+{NBSP}(?:µs|ms)"
+
+
+def run_app(
+    tmp_path: Path, base_url: str, *prefix: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "app.py"
+    script.write_text(APP)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    environment.update(OTEL_TRACES_EXPORTER="llm_latency_console", OTEL_METRICS_EXPORTER="none")
+    environment.update(env)
+    return subprocess.run(
+        [*prefix, sys.executable, str(script), base_url],
+        capture_output=True, text=True, env=environment, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def blocks(text: str) -> list[list[str]]:
+    """The printed calls: blocks of lines that start with a call's tree."""
+    return [block.splitlines() for block in text.strip().split("\n\n") if block.strip()]
+
+
+def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: str) -> None:
+    """Two calls: a 200; then a 429 (retry-after-ms 250), a backoff and a 200."""
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "the program's own output\n"  # the trees go to stderr
+    assert "sk-never-printed" not in result.stderr
+    first, second = blocks(result.stderr)
+    assert re.fullmatch(rf"{call_name} +0{NBSP}µs \+ +{MS}  attempts=1", first[0]), first[0]
+    assert re.fullmatch(
+        rf"  POST /v1/chat/completions +{MS} \+ +{MS}  status_code=200 connection=new "
+        rf"request_id={REQUEST_ID} server={MS}",
+        first[1],
+    ), first[1]
+    assert [line.split()[0] for line in first[2:6]] == [
+        "http.connect", "http.send", "http.wait", "http.receive"
+    ]  # fmt: skip
+    assert first[6].startswith("→ ")  # its findings (which ones depends on the timing)
+
+    assert re.fullmatch(rf"{call_name} +0{NBSP}µs \+ +{MS}  attempts=2 backoff={MS}", second[0])
+    assert re.fullmatch(
+        rf"  POST /v1/chat/completions +{MS} \+ +{MS}  status_code=429 connection=pooled "
+        rf"request_id={REQUEST_ID} retry-after-ms=250 server={MS}",
+        second[1],
+    ), second[1]
+    assert [line.split()[0] for line in second[2:5]] == ["http.send", "http.wait", "http.receive"]
+    backoff = re.fullmatch(
+        rf"  retry\.backoff +{MS} \+ +([\d.]+){NBSP}ms  reason=429 retry_after=250{NBSP}ms",
+        second[5],
+    )
+    assert backoff is not None, second[5]
+    assert float(backoff.group(1)) >= 250 - 1
+    assert re.fullmatch(
+        rf"  POST /v1/chat/completions +{MS} \+ +{MS}  status_code=200 resend_count=1 "
+        rf"connection=pooled request_id={REQUEST_ID} server={MS}",
+        second[6],
+    ), second[6]
+    assert [line.split()[0] for line in second[7:10]] == ["http.send", "http.wait", "http.receive"]
+    assert any(
+        line.startswith("→ 1 of 2 attempts were rate limited (429) and 1 were retries")
+        for line in second[10:]
+    )
+    ids = re.findall(REQUEST_ID, "\n".join(first + second))
+    assert len(ids) == len(set(ids)) == 3  # each attempt's own
+
+
+def test_the_variable_prints_each_call_of_a_real_program(tmp_path: Path) -> None:
+    """llm_latency.instrument() sets the SDK up from OTEL_*, and honours the entry point."""
+    with mock_server("--rate-limit-every", "2", "--ttfb", "0.05", "--tokens", "1") as mock:
+        result = run_app(tmp_path, mock.url.removesuffix("/chat/completions"))
+    check_rate_limited_run(result, "openai POST /chat/completions")
+
+
+def test_the_variable_under_opentelemetry_instrument(tmp_path: Path) -> None:
+    """The SDK's own configurator (opentelemetry-instrument) finds the exporter by name too;
+    with the openai-v2 instrumentation, its GenAI span is each call's parent, and under the
+    httpx2 instrumentation's CLIENT span of each request, llm-latency's (INTERNAL) request span
+    is still read as the attempt."""
+    instrument = str(Path(sys.executable).with_name("opentelemetry-instrument"))
+    with mock_server("--rate-limit-every", "2", "--ttfb", "0.05", "--tokens", "1") as mock:
+        result = run_app(
+            tmp_path, mock.url.removesuffix("/chat/completions"), instrument,
+            OTEL_LOGS_EXPORTER="none",
+        )  # fmt: skip
+    check_rate_limited_run(result, "chat gpt-test")
+
+
+# -- in process: batches, parents, the memory bound, shutdown ----------------------------------
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[ProviderServer]:
+    async with provider_server() as server:
+        yield server
+
+
+def attach(telemetry: Telemetry, batched: bool = False) -> io.StringIO:
+    """A console exporter on the test's provider, behind a processor; what it prints."""
+    out = io.StringIO()
+    exporter = LLMLatencyConsoleSpanExporter(out)
+    processor = (
+        BatchSpanProcessor(exporter, max_export_batch_size=2, schedule_delay_millis=10)
+        if batched
+        else SimpleSpanProcessor(exporter)
+    )
+    telemetry.tracer_provider.add_span_processor(processor)
+    return out
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one-span-exports", "batches-of-two"])
+async def test_a_call_split_over_exports_is_printed_once(
+    telemetry: Telemetry, provider: ProviderServer, batched: bool
+) -> None:
+    out = attach(telemetry, batched)
+    client = openai.AsyncOpenAI(base_url=provider.openai_base, api_key="sk-test-key")
+    await client.chat.completions.create(
+        model="gpt-test",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-test-scenario": "split", "x-test-fail": "1"},
+    )
+    await client.close()
+    telemetry.tracer_provider.force_flush()
+    (block,) = blocks(out.getvalue())
+    assert [re.split(r"\s{2,}", line.strip())[0] for line in block[:11]] == [
+        "openai POST /chat/completions",
+        "POST /v1/chat/completions", "http.connect", "http.send", "http.wait", "http.receive",
+        "retry.backoff",
+        "POST /v1/chat/completions", "http.send", "http.wait", "http.receive",
+    ]  # fmt: skip
+    assert "request_id=req_429" in block[1] and "request_id=req_openai_1" in block[7]
+    assert any(line.startswith("→ 1 of 2 attempts were rate limited") for line in block[11:])
+
+
+async def test_calls_under_a_program_span_wait_for_it(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    out = attach(telemetry)
+    tracer = telemetry.tracer_provider.get_tracer("app")
+    async with aiohttp.ClientSession() as session:
+        with tracer.start_as_current_span("nightly job"):
+            for _ in range(2):
+                async with session.get(server.url()) as response:
+                    await response.read()
+            assert out.getvalue() == ""  # the job may still make more attempts of its calls
+        job = blocks(out.getvalue())
+        async with session.get(server.url()) as response:  # no parent: printed at once
+            await response.read()
+    alone = blocks(out.getvalue())[len(job) :]
+    assert [block[0].split()[:2] for block in job] == [["nightly", "job"]] * 2
+    assert [line.split()[0] for line in job[0][1:5]] == [
+        "GET",
+        "http.connect",
+        "http.send",
+        "http.wait",
+    ]
+    assert "connection=pooled" in job[1][1] and "request_id=req_test_123" in job[1][1]
+    (single,) = alone
+    assert single[0].split()[0] == "GET" and "attempts=1" in single[0]
+
+
+async def test_the_memory_bound_prints_the_oldest_trace(
+    telemetry: Telemetry, server: LLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(console_exporter, "MAX_BUFFERED_SPANS", 4)
+    out = attach(telemetry)
+    tracer = telemetry.tracer_provider.get_tracer("app")
+    async with aiohttp.ClientSession() as session:
+        with tracer.start_as_current_span("endless job"):
+            async with session.get(server.url()) as response:
+                await response.read()
+            (early,) = blocks(out.getvalue())  # five spans held: more than four
+    assert early[0].split()[0] == "GET" and "attempts=1" in early[0]  # its parent never came
+    assert len(blocks(out.getvalue())) == 1  # the job ended with nothing left to print
+
+
+async def test_shutdown_prints_what_is_held(telemetry: Telemetry, server: LLMServer) -> None:
+    out = io.StringIO()
+    exporter = LLMLatencyConsoleSpanExporter(out)
+    processor = SimpleSpanProcessor(exporter)
+    telemetry.tracer_provider.add_span_processor(processor)
+    tracer = telemetry.tracer_provider.get_tracer("app")
+    with tracer.start_as_current_span("still running") as job:
+        async with aiohttp.ClientSession() as session, session.get(server.url()) as response:
+            await response.read()
+        assert out.getvalue() == ""
+        processor.shutdown()
+        (block,) = blocks(out.getvalue())
+        assert block[0].split()[0] == "GET" and block[1].split()[0] == "GET"
+    assert not job.is_recording()
+    assert len(blocks(out.getvalue())) == 1  # nothing after the shutdown
