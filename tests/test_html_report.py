@@ -62,7 +62,10 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report]:
     with mock_server("--ttfb", "0.2", "--tokens", "1", "--rate-limit-every", "2") as limited, \
             mock_server("--ttfb", "0.05", "--tokens", "1", "--error-rate", "0.5", "--seed", "1") as flaky, \
             mock_server("--ttfb", "3", "--tokens", "1") as slow:  # fmt: skip
-        secret_url = limited.url.replace("://", f"://{USER}:{PASSWORD}@") + f"?api_key={API_KEY}"
+        secret_url = (  # long, as real deployment URLs are: it must wrap, not widen the page
+            limited.url.replace("://", f"://{USER}:{PASSWORD}@")
+            + f"?api_key={API_KEY}&api-version=2024-10-21-preview&deployment=team-a-gpt-4o-mini"
+        )
         page = folder / "mixed.html"
         result = run_cli("probe", "--json", "--html", str(page), "-n", "3", "--fresh",
                          "--timeout", "1", "-H", f"X-Api-Key: {HEADER_SECRET}",
@@ -113,12 +116,14 @@ LAYOUT_JS = """() => {
     if (!node.textContent.trim()) continue;
     const parent = node.parentElement;
     const row = parent.closest('.wr, tr');
+    let block = parent;  // the box the text must stay in: its nearest non-inline element
+    while (getComputedStyle(block).display === 'inline') block = block.parentElement;
     const range = document.createRange();
     range.selectNodeContents(node);
     for (const r of range.getClientRects()) {
       if (r.width === 0 || r.height === 0) continue;
       texts.push({t: node.textContent.trim().slice(0, 50), x: r.left, y: r.top, r: r.right,
-                  b: r.bottom, own: box(parent), row: row ? rows.indexOf(row) : -1});
+                  b: r.bottom, own: box(block), row: row ? rows.indexOf(row) : -1});
     }
   }
   const charts = Array.from(document.querySelectorAll('.wf, table.chart')).map(chart => ({
@@ -418,3 +423,27 @@ def test_sdk_retries_show_their_backoff(
             assert limited["env"]["x"] <= wait["x"] <= retried["env"]["x"]
             causes = page.locator("#findings .finding .cause").all_inner_texts()
             assert causes == [f.cause for f in findings]
+
+
+def test_an_endpoint_with_no_recorded_request(browser: Browser, tmp_path: Path) -> None:
+    """aiohttp refuses a URL with credentials and an Authorization header before sending: the
+    report still says what happened, with no waterfall to draw and nothing to diagnose."""
+    page_file = tmp_path / "nothing.html"
+    url = f"http://{USER}:{PASSWORD}@127.0.0.1:{unused_port()}/v1/chat/completions"
+    result = run_cli(
+        "probe", "--html", str(page_file), "-H", f"Authorization: Bearer {HEADER_SECRET}", url
+    )
+    assert result.returncode == 1
+    assert "Cannot combine AUTHORIZATION header" in result.stderr
+    text = page_file.read_text()
+    for secret in (USER, PASSWORD, HEADER_SECRET):
+        assert secret not in text
+    with opened(browser, page_file, 800) as (page, requested):
+        assert_self_contained(text, requested, page_file)
+        assert page.locator(".wf").count() == 0 and page.locator("table.pct").count() == 0
+        assert "No request was recorded." in page.locator(".endpoint").inner_text()
+        conclusion = page.locator(".conclusion").inner_text()
+        assert "0 requests: none recorded." in conclusion
+        assert "Cannot combine AUTHORIZATION header" in conclusion
+        assert "Authorization: REDACTED" in page.locator("#details").inner_text()
+        assert page.evaluate("document.documentElement.scrollWidth") <= 800

@@ -99,8 +99,8 @@ def html_page(
         f"<title>llm-latency probe report, {_date(details.started)}</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>llm-latency probe report</h1>",
-        f"<p class='sub'>{_date(details.started)} · {len(runs)} "
-        f"endpoint{'s' if len(runs) != 1 else ''} · {details.client}</p>",
+        f"<p class='sub'>{_date(details.started)} · {_count(len(runs), 'endpoint')} · "
+        f"{_esc(details.client)}</p>",
         _findings_section(runs, names, summaries, findings, errors),
         _details_section(details, len(runs)),
     ]
@@ -121,6 +121,10 @@ def _date(started: datetime) -> str:
 
 def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _chip(name: str) -> str:
@@ -183,7 +187,7 @@ def _conclusion(
             else " No finding: nothing in these measurements stood out."
         )
         lines.append(
-            f"{_chip(names[url])} {len(sent)} request{'s' if len(sent) != 1 else ''}: "
+            f"{_chip(names[url])} {_count(len(sent), 'request')}: "
             f"{_tally(results) or 'none recorded'}.{timing}{main}"
         )
     answered = {  # p50 of the answered requests only: a fast error is not a fast endpoint
@@ -246,7 +250,7 @@ def _details_section(details: RunDetails, endpoints: int) -> str:
         ("date", _date(details.started)),
         ("command", f"<code>{_esc(details.command)}</code>"),
         ("client", _esc(details.client)),
-        ("requests (-n)", f"{details.requests} per endpoint, {endpoints} endpoint(s)"),
+        ("requests (-n)", f"{details.requests} per endpoint, {_count(endpoints, 'endpoint')}"),
         ("concurrency (-c)", str(details.concurrency)),
         ("stream", "yes" if details.stream else "no"),
         (
@@ -519,7 +523,8 @@ background:#868e96}.key i.k95{opacity:.4}
 .wf{margin:4px 0}
 .wr{display:grid;grid-template-columns:190px minmax(0,1fr) 72px;column-gap:10px;
 align-items:center;min-height:20px;padding:1px 0}
-.wr .note{grid-column:2/4;font-size:12px;color:#b00020;line-height:1.3;padding-bottom:2px}
+.wr .note{grid-column:2/4;font-size:12px;color:#495057;line-height:1.3;padding-bottom:2px}
+.wr.o5xx .note,.wr.ofailed .note{color:#b00020}
 .wr.o429{background:#fff4e6}.wr.o5xx,.wr.ofailed{background:#ffe3e3}.wr.o4xx{background:#fff9db}
 .wr.o429 .note{color:#8a4b00}
 .wl{display:flex;gap:4px;align-items:center;font-size:12px;white-space:nowrap}
