@@ -2,10 +2,11 @@
 made by real probe runs against the mock server (a 429, a 500, a timeout, a refused port, four
 URLs, ``--fresh``; a pooled streamed run), and one from the OpenAI SDK's own retries.
 
-Layout, not pixels: every text fragment's box, read from the page, must not overlap another,
-must stay inside its element and its row; bars must lie on their chart's axis; the page must
-not scroll sideways at 1280 or 800 px. The drawn bars are checked against the probe's own
-``--json`` numbers through the axis' labels, so a wrong scale or a wrong label fails too.
+Each test makes its own report and reads it at 1280 and at 800 px. Layout, not pixels: every
+text fragment's box, read from the page, must not overlap another, must stay inside its element
+and its row; bars must lie on their chart's axis; the page must not scroll sideways. The drawn
+bars are checked against the probe's own ``--json`` numbers through the axis' labels, so a
+wrong scale or a wrong label fails too.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from tests.conftest import Telemetry
 from tests.servers import unused_port
 from tests.test_cli import mock_server, run_cli
 
-pytestmark = pytest.mark.xdist_group("html_report")
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
@@ -50,34 +49,34 @@ USER, PASSWORD, API_KEY, HEADER_SECRET = (
 class Report:
     path: Path
     data: dict[str, Any]  # the same run's --json
-    stderr: str
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report]:
-    """Two real runs, each written as --html and --json at once."""
-    folder = tmp_path_factory.mktemp("reports")
-    made: dict[str, Report] = {}
+def mixed_run(folder: Path) -> Report:
+    """Four endpoints, --fresh, written as --html and --json at once: a 429 every second
+    request, a seeded 500, a server slower than --timeout, a refused port."""
     refused = f"http://127.0.0.1:{unused_port()}/v1/chat/completions"
     with mock_server("--ttfb", "0.2", "--tokens", "1", "--rate-limit-every", "2") as limited, \
             mock_server("--ttfb", "0.05", "--tokens", "1", "--error-rate", "0.5", "--seed", "1") as flaky, \
-            mock_server("--ttfb", "3", "--tokens", "1") as slow:  # fmt: skip
+            mock_server("--ttfb", "6", "--tokens", "1") as slow:  # fmt: skip
         secret_url = (  # long, as real deployment URLs are: it must wrap, not widen the page
             limited.url.replace("://", f"://{USER}:{PASSWORD}@")
             + f"?api_key={API_KEY}&api-version=2024-10-21-preview&deployment=team-a-gpt-4o-mini"
         )
         page = folder / "mixed.html"
         result = run_cli("probe", "--json", "--html", str(page), "-n", "3", "--fresh",
-                         "--timeout", "1", "-H", f"X-Api-Key: {HEADER_SECRET}",
+                         "--timeout", "2", "-H", f"X-Api-Key: {HEADER_SECRET}",
                          secret_url, flaky.url, slow.url, refused)  # fmt: skip
-        assert result.returncode == 1, result.stderr  # the timeouts and the refusals
-        made["mixed"] = Report(page, json.loads(result.stdout), result.stderr)
+    assert result.returncode == 1, result.stderr  # the timeouts and the refusals
+    return Report(page, json.loads(result.stdout))
+
+
+def pooled_run(folder: Path) -> Report:
+    """One endpoint, five sequential streamed requests on one connection."""
     with mock_server("--ttfb", "0.1", "--tokens", "3", "--tokens-per-second", "50") as mock:
         page = folder / "pooled.html"
         result = run_cli("probe", "--json", "--html", str(page), "-n", "5", "--stream", mock.url)
-        assert result.returncode == 0, result.stderr
-        made["pooled"] = Report(page, json.loads(result.stdout), result.stderr)
-    return made
+    assert result.returncode == 0, result.stderr
+    return Report(page, json.loads(result.stdout))
 
 
 @pytest.fixture(scope="module")
@@ -307,13 +306,10 @@ def assert_self_contained(text: str, requested: list[str], path: Path) -> None:
 # -- the tests ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-def test_mixed_run_reads_as_a_report(
-    reports: dict[str, Report], browser: Browser, width: int
-) -> None:
+def test_mixed_run_reads_as_a_report(browser: Browser, tmp_path: Path) -> None:
     """Four endpoints with --fresh: a 429 every second request, a 500, timeouts, a refused
     port. Every row is marked, highlighted and drawn to scale; nothing overlaps."""
-    report = reports["mixed"]
+    report = mixed_run(tmp_path)
     requests = report.data["requests"]
     by_url: dict[str, list[dict[str, Any]]] = {}
     for request in requests:
@@ -326,64 +322,65 @@ def test_mixed_run_reads_as_a_report(
     text = report.path.read_text()
     for secret in (USER, PASSWORD, API_KEY, HEADER_SECRET):
         assert secret not in text
-    with opened(browser, report.path, width) as (page, requested):
-        assert_layout(page)
-        assert_self_contained(text, requested, report.path)
-        waterfalls = page.evaluate(WATERFALLS_JS)
-        assert [wf["endpoint"] for wf in waterfalls] == ["E1", "E2", "E3", "E4"]
-        assert_rows_match(waterfalls, requests)
-        assert all(r["reused"] is False for r in requests)  # --fresh: a marker on every row
-        assert page.locator(".wf .cn.new").count() == len(requests)
-        assert page.locator(".wf .cn.pooled").count() == 0
-        # The endpoints compared, numbered as the legend says, with the run's own numbers.
-        legend = page.locator(".legend-eps li").all_inner_texts()
-        assert len(legend) == 4 and all(f"E{i}" in line for i, line in enumerate(legend, 1))
-        assert "REDACTED" in legend[0]
-        compared = page.locator(".cmp tbody tr")
-        assert compared.count() == 4
-        endpoints = report.data["endpoints"]
-        for i, url in enumerate(endpoints):
-            cells = compared.nth(i).locator("td").all_inner_texts()
-            assert cells[0] == f"E{i + 1}"
-            assert cells[1] == "3"
-            assert duration(endpoints[url]["total"]["p50"]) in cells
-        assert "3 failed in connect" in compared.nth(3).inner_text()
-        # The run's details, secrets redacted; the findings and conclusion on top.
-        details = page.locator("#details").inner_text()
-        for word in ("aiohttp", "--requests 3", "--fresh", "--timeout 1.0",
-                     "X-Api-Key: REDACTED", "--json", datetime.now().strftime("%Y-%m-")):  # fmt: skip
-            assert word in details, word
-        assert page.locator("#findings .finding[data-rule='rate-limits']").count() == 1
-        conclusion = page.locator(".conclusion").inner_text()
-        assert "connection refused" in conclusion and "timed out" in conclusion
-        assert "Fastest answers" in conclusion
+    for width in WIDTHS:
+        with opened(browser, report.path, width) as (page, requested):
+            assert_layout(page)
+            assert_self_contained(text, requested, report.path)
+            waterfalls = page.evaluate(WATERFALLS_JS)
+            assert [wf["endpoint"] for wf in waterfalls] == ["E1", "E2", "E3", "E4"]
+            assert_rows_match(waterfalls, requests)
+            assert all(r["reused"] is False for r in requests)  # --fresh: a marker on every row
+            assert page.locator(".wf .cn.new").count() == len(requests)
+            assert page.locator(".wf .cn.pooled").count() == 0
+            # The endpoints compared, numbered as the legend says, with the run's own numbers.
+            legend = page.locator(".legend-eps li").all_inner_texts()
+            assert len(legend) == 4 and all(f"E{i}" in line for i, line in enumerate(legend, 1))
+            assert "REDACTED" in legend[0]
+            compared = page.locator(".cmp tbody tr")
+            assert compared.count() == 4
+            endpoints = report.data["endpoints"]
+            for i, url in enumerate(endpoints):
+                cells = compared.nth(i).locator("td").all_inner_texts()
+                assert cells[0] == f"E{i + 1}"
+                assert cells[1] == "3"
+                assert duration(endpoints[url]["total"]["p50"]) in cells
+            assert "3 failed in connect" in compared.nth(3).inner_text()
+            # The run's details, secrets redacted; the findings and conclusion on top.
+            details = page.locator("#details").inner_text()
+            for word in ("aiohttp", "--requests 3", "--fresh", "--timeout 2.0",
+                         "X-Api-Key: REDACTED", "--json", datetime.now().strftime("%Y-%m-")):  # fmt: skip
+                assert word in details, word
+            assert page.locator("#findings .finding[data-rule='rate-limits']").count() == 1
+            conclusion = page.locator(".conclusion").inner_text()
+            assert "connection refused" in conclusion and "timed out" in conclusion
+            assert "Fastest answers" in conclusion
 
 
-@pytest.mark.parametrize("width", WIDTHS)
-def test_pooled_streamed_run(reports: dict[str, Report], browser: Browser, width: int) -> None:
+def test_pooled_streamed_run(browser: Browser, tmp_path: Path) -> None:
     """One endpoint, sequential: the first request opens the connection, the others reuse
     it, and the percentile bars are as long as the percentiles, on the chart's own axis."""
-    report = reports["pooled"]
+    report = pooled_run(tmp_path)
     requests = report.data["requests"]
     assert [r["reused"] for r in requests] == [False, True, True, True, True]
-    with opened(browser, report.path, width) as (page, requested):
-        assert_layout(page)
-        assert_self_contained(report.path.read_text(), requested, report.path)
-        waterfalls = page.evaluate(WATERFALLS_JS)
-        assert_rows_match(waterfalls, requests)
-        assert page.locator(".wf .cn.pooled").count() == 4
-        assert page.locator("#compare").count() == 0  # one endpoint: nothing to compare
-        (chart,) = page.evaluate(PERCENTILES_JS)
-        per_second = scale(chart["axis"], chart["ticks"], chart["marks"])
-        summary = report.data["summary"]
-        names = [row["name"] for row in chart["rows"]]
-        assert names[-2:] == ["first chunk", "total"]
-        assert {n.replace(" ", "_") for n in names} == set(summary)
-        for row in chart["rows"]:
-            numbers = summary[row["name"].replace(" ", "_")]
-            assert row["cells"][:3] == [duration(numbers[q]) for q in ("p50", "p95", "max")]
-            assert abs(row["p50"] - drawn(numbers["p50"], per_second)) <= PX, row["name"]
-            assert abs(row["p95"] - drawn(numbers["p95"], per_second)) <= PX, row["name"]
+    for width in WIDTHS:
+        with opened(browser, report.path, width) as (page, requested):
+            assert_layout(page)
+            assert_self_contained(report.path.read_text(), requested, report.path)
+            waterfalls = page.evaluate(WATERFALLS_JS)
+            assert_rows_match(waterfalls, requests)
+            assert page.locator(".wf .cn.pooled").count() == 4
+            assert page.locator("#compare").count() == 0  # one endpoint: nothing to compare
+            (chart,) = page.evaluate(PERCENTILES_JS)
+            per_second = scale(chart["axis"], chart["ticks"], chart["marks"])
+            summary = report.data["summary"]
+            names = [row["name"] for row in chart["rows"]]
+            assert names[-2:] == ["first chunk", "total"]
+            assert {n.replace(" ", "_") for n in names} == set(summary)
+            for row in chart["rows"]:
+                numbers = summary[row["name"].replace(" ", "_")]
+                assert row["cells"][:3] == [duration(numbers[q]) for q in ("p50", "p95", "max")]
+                assert abs(row["p50"] - drawn(numbers["p50"], per_second)) <= PX, row["name"]
+                assert abs(row["p95"] - drawn(numbers["p95"], per_second)) <= PX, row["name"]
 
 
 def test_sdk_retries_show_their_backoff(
