@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
@@ -14,6 +15,7 @@ from rich.console import Console
 
 from llm_latency.cli.errors import CLIError
 from llm_latency.cli.explain import explain
+from llm_latency.cli.html_report import RunDetails, command_line, html_page
 from llm_latency.cli.mock_server import Profile, running
 from llm_latency.cli.probe import (
     CLIENT_NAMES,
@@ -26,9 +28,10 @@ from llm_latency.cli.probe import (
     probe_url,
 )
 from llm_latency.cli.redaction import scrub, scrubbed_logging, shown
-from llm_latency.cli.render import comparison_table, html_page, summary_table, waterfall
+from llm_latency.cli.render import comparison_table, summary_table, waterfall
 from llm_latency.cli.results import RequestResult, summarize
 from llm_latency.cli.telemetry import instrumented
+from llm_latency.diagnosis import Finding, diagnose
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -126,11 +129,16 @@ def probe(
     names = shown(urls)  # what the report calls each URL: redacted
     runs: dict[str, list[RequestResult]] = {}
     failures: list[str] = []
+    findings: dict[str, list[Finding]] = {}
+    problems: dict[str, list[str]] = {}
+    started = datetime.now(timezone.utc)
     with scrubbed_logging(urls), instrumented("llm-latency-probe", [client]) as (collector, _):
         for url, request in requests_to_send.items():
             results, errors = asyncio.run(probe_url(url, request, client, options, collector))
             runs[names[url]] = results
-            failures += error_lines(url, errors, timeout)
+            findings[names[url]] = diagnose(collector.taken)
+            problems[names[url]] = error_lines(url, errors, timeout)
+            failures += problems[names[url]]
     console = Console(stderr=as_json)
     if as_json:
         sys.stdout.write(json.dumps(json_report(runs), indent=2) + "\n")
@@ -142,8 +150,12 @@ def probe(
         if len(runs) > 1:
             console.print(comparison_table({u: summarize(r) for u, r in runs.items()}))
     if html_file:
+        details = RunDetails(started, command_line(click.get_current_context()), client, count,
+                             concurrency, stream, fresh, timeout)  # fmt: skip
         try:
-            Path(html_file).write_text(html_page(runs, {u: summarize(r) for u, r in runs.items()}))
+            Path(html_file).write_text(
+                html_page(runs, details, findings, problems), encoding="utf-8"
+            )
         except OSError as exc:
             raise CLIError(f"cannot write {html_file}: {exc.strerror or exc}") from None
         if not as_json:

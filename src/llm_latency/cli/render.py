@@ -1,10 +1,9 @@
-"""Showing results: phase waterfalls and percentile tables in the terminal (rich), and a
-self-contained HTML page (no network fetches: inline CSS, no scripts)."""
+"""Showing results in the terminal (rich): phase waterfalls and percentile tables. (The HTML
+report is ``html_report``.)"""
 
 from __future__ import annotations
 
-import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -129,102 +128,3 @@ def comparison_table(summaries: dict[str, dict[str, dict[str, float]]]) -> Table
     for url, summary in summaries.items():
         table.add_row(url, *(ms(summary[p][q]) if p in summary else "-" for p, q in shown))
     return table
-
-
-# -- HTML -----------------------------------------------------------------------------------------
-
-_CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;background:#fff}
-h1{font-size:20px}h2{font-size:16px;margin-top:28px}
-.req{margin:10px 0}.head{font-weight:600}.facts{color:#666;font-size:12px}
-.row{display:flex;align-items:center;height:18px}
-.label{width:90px;font-size:12px;color:#444}
-.track{position:relative;flex:1;height:14px;background:#f3f3f3}
-.bar{position:absolute;top:0;height:14px;min-width:2px}
-.val{width:90px;text-align:right;font-size:12px}
-table{border-collapse:collapse;margin-top:8px}
-td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
-td:first-child,th:first-child{text-align:left}
-.legend span{display:inline-block;margin-right:12px}
-.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}
-"""
-
-
-def _bar(start: float, length: float, color: str, title: str) -> str:
-    return (
-        f'<div class="bar" title="{html.escape(title)}" '
-        f'style="left:{start:.3f}%;width:{length:.3f}%;background:{color}"></div>'
-    )
-
-
-def html_page(
-    runs: Mapping[str, Sequence[RequestResult]], summaries: dict[str, dict[str, dict[str, float]]]
-) -> str:
-    """The whole report as one HTML document: waterfalls, then a percentile chart per URL."""
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>llm-latency probe</title>",
-        f"<style>{_CSS}</style></head><body><h1>llm-latency probe</h1>",
-    ]
-    parts.append(
-        '<p class="legend">'
-        + "".join(
-            f'<span><i style="background:{color}"></i>{name}</span>'
-            for name, color in PHASE_COLORS.items()
-        )
-        + "</p>"
-    )
-    for url, results in runs.items():
-        parts.append(f"<h2>{html.escape(url)}</h2>")
-        span = max((r.start + r.total for r in results), default=0) or 1e-9
-        for number, result in enumerate(results, 1):
-            if result.kind == "backoff":
-                continue
-            status = (
-                result.status
-                if result.status is not None
-                else html.escape(result.error or "failed")
-            )
-            parts.append(
-                f'<div class="req"><div class="head">#{number} {status} '
-                f"{ms(result.total)} {html.escape(result.request_id or '')}</div>"
-            )
-            for timing in result.timings:
-                left = 100 * (result.start + timing.start) / span
-                width = max(0.3, 100 * timing.duration / span)
-                parts.append(
-                    f'<div class="row"><div class="label">{timing.name}</div><div class="track">'
-                    f"{_bar(left, width, PHASE_COLORS[timing.name], timing.name)}</div>"
-                    f'<div class="val">{ms(timing.duration)}</div></div>'
-                )
-            facts = (
-                [f"first chunk {ms(result.time_to_first_chunk)}"]
-                if result.time_to_first_chunk
-                else []
-            )
-            if result.server_processing is not None:
-                facts.append(f"server {ms(result.server_processing)}")
-            parts.append(f'<div class="facts">{", ".join(facts)}</div></div>')
-        summary = summaries.get(url, {})
-        if summary:
-            top = max(row["max"] for row in summary.values()) or 1e-9
-            parts.append("<h2>percentiles</h2>")
-            for name in (*PHASE_NAMES, "first_chunk", "total"):
-                if name not in summary:
-                    continue
-                row = summary[name]
-                color = PHASE_COLORS.get(name, "#555")
-                parts.append(
-                    f'<div class="row"><div class="label">{name} p50/p95</div><div class="track">'
-                    f"{_bar(0, 100 * row['p95'] / top, color + '66', 'p95')}"
-                    f"{_bar(0, 100 * row['p50'] / top, color, 'p50')}</div>"
-                    f'<div class="val">{ms(row["p50"])} / {ms(row["p95"])}</div></div>'
-                )
-            parts.append("<table><tr><th>phase</th><th>p50</th><th>p95</th><th>max</th></tr>")
-            for name, row in summary.items():
-                parts.append(
-                    f"<tr><td>{name}</td><td>{ms(row['p50'])}</td><td>{ms(row['p95'])}</td>"
-                    f"<td>{ms(row['max'])}</td></tr>"
-                )
-            parts.append("</table>")
-    parts.append("</body></html>")
-    return "\n".join(parts)

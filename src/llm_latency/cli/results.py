@@ -32,6 +32,8 @@ class SpanCollector(SpanProcessor):
 
     def __init__(self) -> None:
         self.spans: list[ReadableSpan] = []
+        #: What the last ``take()`` returned: the CLI diagnoses the spans ``probe_url`` read.
+        self.taken: list[ReadableSpan] = []
         self._lock = threading.Lock()
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -46,6 +48,7 @@ class SpanCollector(SpanProcessor):
         """The spans collected so far, and forget them."""
         with self._lock:
             spans, self.spans = self.spans, []
+        self.taken = spans
         return spans
 
 
