@@ -100,7 +100,8 @@ class ProbeOutput:
             return
         if run.stopped == "interrupted":
             done = len([r for r in run.results if r.kind == "request"])
-            self._lines([f"interrupted: the {done} requests that finished"], "yellow")
+            finished = f"{done} request that finished" if done == 1 else f"{done} that finished"
+            self._lines([f"interrupted: the summary of the {finished}"], "yellow")
         status_tables(self.console, run.results)
         print_findings(self.console, found)
 

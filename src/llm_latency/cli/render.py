@@ -49,10 +49,21 @@ def dur(seconds: float | None) -> str:
     return "-" if seconds is None else duration(seconds)
 
 
+class _Console(Console):
+    """A console that lets a broken pipe (``| head``) reach the command as BrokenPipeError,
+    which stops the run (rich's own handler exits with code 1 from whichever thread
+    printed)."""
+
+    def on_broken_pipe(self) -> None:
+        """Stop printing; tell the caller."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def make_console(stderr: bool = False) -> Console:
     """A console as wide as the terminal (or ``COLUMNS``), clamped to 60-200 columns."""
     detected = Console(stderr=stderr).width
-    return Console(stderr=stderr, width=max(MIN_WIDTH, min(MAX_WIDTH, detected)))
+    return _Console(stderr=stderr, width=max(MIN_WIDTH, min(MAX_WIDTH, detected)))
 
 
 def wrap(text: str, width: int, indent: str = "", subsequent: str | None = None) -> list[str]:
@@ -70,21 +81,23 @@ def wrap(text: str, width: int, indent: str = "", subsequent: str | None = None)
 
 def pack(items: Iterable[str], width: int, indent: str, subsequent: str, sep: str) -> list[str]:
     """``items`` joined by ``sep`` in lines of at most ``width`` columns, never splitting an
-    item unless it alone is too long for a line (then it is wrapped at its spaces)."""
+    item unless it alone is too long for a line (then it is wrapped at its spaces). A line
+    that continues ends with the separator's mark (``,`` of ``", "``)."""
+    mark = sep.strip()
+    limit = width - len(mark)
     lines: list[str] = []
     line = ""
     for item in items:
-        prefix = indent if not lines and not line else subsequent
-        if line and len(line) + len(sep) + len(item) <= width:
+        if line and len(line) + len(sep) + len(item) <= limit:
             line += sep + item
             continue
+        prefix = subsequent if lines or line else indent
         if line:
-            lines.append(line)
-            prefix = subsequent
-        if len(prefix) + len(item) <= width:
+            lines.append(line + mark)
+        if len(prefix) + len(item) <= limit:
             line = prefix + item
         else:
-            *full, line = wrap(item, width, prefix, subsequent)
+            *full, line = wrap(item, limit, prefix, subsequent)
             lines += full
     if line:
         lines.append(line)
@@ -266,7 +279,7 @@ def comparison(console: Console, summaries: Mapping[str, dict[str, dict[str, flo
     per_table = max(1, (console.width - 20) // (VALUE_WIDTH + 3))
     for first in range(0, len(urls), per_table):
         chosen = list(enumerate(urls, 1))[first : first + per_table]
-        title = "endpoints compared (successful requests)"
+        title = "endpoints compared"
         if len(urls) > per_table:
             title += f", #{chosen[0][0]} to #{chosen[-1][0]}"
         table = Table(title=title, title_justify="left")
@@ -279,8 +292,8 @@ def comparison(console: Console, summaries: Mapping[str, dict[str, dict[str, flo
             ]
             table.add_row(f"{phase} {q}", *cells)
         console.print(table)
-    legend = [line for n, url in enumerate(urls, 1) for line in wrap(f"#{n} {url}", console.width,
-                                                                      "", "   ")]  # fmt: skip
+    legend = [line for n, url in enumerate(urls, 1) for line in wrap(url, console.width,
+                                                                      f"#{n} ", "   ")]  # fmt: skip
     _print(console, legend)
 
 
