@@ -223,8 +223,9 @@ class Demo:
         ]
 
 
-def _print_scene(console: Console, scene: Scene) -> None:
-    console.print()
+def _print_scene(console: Console, scene: Scene, first: bool = False) -> None:
+    if not first:
+        console.print()
     waterfall(console, scene.results, scene.title, rate_limits=False)
     status_tables(console, scene.results)
     if scene.extra is not None:
@@ -281,8 +282,8 @@ async def run(console: Console) -> None:
                     *await demo.burst(),
                     *await demo.rate_limited(server.state),
                 ]
-            for scene in scenes:
-                _print_scene(console, scene)
+            for number, scene in enumerate(scenes):
+                _print_scene(console, scene, first=number == 0)
             _print_recap(console, scenes)
     finally:
         dns.stop()

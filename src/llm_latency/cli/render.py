@@ -178,8 +178,8 @@ def request_block(
         lines = [_bar_line("retry.backoff", label, offset, result.total / span, bar, colour,
                            result.total)]  # fmt: skip
         if result.error:
-            lines += [Text(line, style="dim") for line in wrap(f"after {result.error}", width,
-                                                               " " * (label + 3))]  # fmt: skip
+            lines += [Text(line, style="dim") for line in wrap(f"waiting after {result.error}",
+                                                               width, "  ", "    ")]  # fmt: skip
         return lines
     shown = number if number is not None else result.number
     status = result.status if result.status is not None else result.error or "failed"
