@@ -14,8 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from llm_latency.cli.live import Emit
-from llm_latency.cli.probe import UrlRun
+from llm_latency.cli.probe import Emit, UrlRun
 from llm_latency.cli.render import (
     comparison,
     print_findings,
@@ -46,8 +45,10 @@ def json_report(
     per URL when several; ``interrupted`` when Ctrl-C stopped the run."""
     everything = [r for run in runs.values() for r in run.results]
     report: dict[str, Any] = {}
-    if with_requests:
-        ordered = sorted(everything, key=lambda r: (r.url, r.number or 0, r.start))
+    if with_requests:  # URL by URL, each in the order the requests were sent
+        ordered = [
+            r for run in runs.values() for r in sorted(run.results, key=lambda r: r.number or 0)
+        ]
         report["requests"] = [r.as_json() for r in ordered if r.kind == "request"]
     report["summary"] = _percentiles(summarize(everything))
     report["summary_by_status"] = {
