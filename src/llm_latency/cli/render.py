@@ -281,8 +281,9 @@ def comparison(console: Console, summaries: Mapping[str, dict[str, dict[str, flo
         chosen = list(enumerate(urls, 1))[first : first + per_table]
         title = "endpoints compared"
         if len(urls) > per_table:
-            title += f", #{chosen[0][0]} to #{chosen[-1][0]}"
-        table = Table(title=title, title_justify="left")
+            first_n, last_n = chosen[0][0], chosen[-1][0]
+            title += f" (#{first_n}-#{last_n})" if last_n > first_n else f" (#{first_n})"
+        table = Table()
         table.add_column("", no_wrap=True)
         for number, _ in chosen:
             table.add_column(f"#{number}", justify="right", no_wrap=True)
@@ -291,6 +292,7 @@ def comparison(console: Console, summaries: Mapping[str, dict[str, dict[str, flo
                 dur(summaries[u][phase][q]) if phase in summaries[u] else "-" for _, u in chosen
             ]
             table.add_row(f"{phase} {q}", *cells)
+        _print(console, wrap(title, console.width), style="italic")
         console.print(table)
     legend = [line for n, url in enumerate(urls, 1) for line in wrap(url, console.width,
                                                                       f"#{n} ", "   ")]  # fmt: skip
