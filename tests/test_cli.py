@@ -246,6 +246,12 @@ def test_demo_prints_every_scene() -> None:
     assert "the pool to the host over time" in words
     assert "The pool filled (2 of 2 connections active) while 6 requests waited" in words
     assert "then drained to 2 idle connections kept alive, and to none" in words
+    # Each scene ends with the diagnosis of its spans; the closing line says where each rule fired.
+    assert len(re.findall(r"^findings(?:$|: none)", out, re.MULTILINE)) == 6
+    recap = words[words.index("The diagnosis, scene by scene: ") :]
+    for rule, scenes in (("new-connections", "(1a)"), ("pool-queue", "(3)"),
+                         ("rate-limits", "(4)")):  # fmt: skip
+        assert f"{rule} {scenes}" in recap, recap
     assert "Traceback" not in result.stderr
 
 

@@ -343,7 +343,8 @@ def test_mixed_run_reads_as_a_report(browser: Browser, tmp_path: Path) -> None:
                 cells = compared.nth(i).locator("td").all_inner_texts()
                 assert cells[0] == f"E{i + 1}"
                 assert cells[1] == "3"
-                assert duration(endpoints[url]["total"]["p50"]) in cells
+                if "total" in endpoints[url] or i == 0:  # successes only; E1 has 200s
+                    assert duration(endpoints[url]["total"]["p50"]) in cells
             assert "3 failed in connect" in compared.nth(3).inner_text()
             # The run's details, secrets redacted; the findings and conclusion on top.
             details = page.locator("#details").inner_text()

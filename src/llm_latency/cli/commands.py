@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -11,27 +10,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from llm_latency.cli.errors import CLIError
 from llm_latency.cli.explain import explain
 from llm_latency.cli.html_report import RunDetails, command_line, html_page
-from llm_latency.cli.mock_server import Profile, running
-from llm_latency.cli.probe import (
-    CLIENT_NAMES,
+from llm_latency.cli.mock_server import Profile, log_to_stderr, running
+from llm_latency.cli.probe import CLIENT_NAMES, ProbeOptions, UrlRun, error_lines, probe_url
+from llm_latency.cli.probe_input import (
     DEFAULT_MODEL,
-    ProbeOptions,
     build_request,
-    error_lines,
-    json_report,
+    check_writable,
+    parse_dns,
     parse_url,
-    probe_url,
 )
+from llm_latency.cli.probe_output import ProbeOutput
 from llm_latency.cli.redaction import scrub, scrubbed_logging, shown
-from llm_latency.cli.render import comparison_table, summary_table, waterfall
-from llm_latency.cli.results import RequestResult, summarize
+from llm_latency.cli.render import make_console
 from llm_latency.cli.telemetry import instrumented
-from llm_latency.diagnosis import Finding, diagnose
+
+#: The exit code after the reader of the output went away (``| head``): 128 + SIGPIPE, as a
+#: Unix tool killed by SIGPIPE reports in the shell.
+BROKEN_PIPE_EXIT = 141
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,7 +44,7 @@ def demo() -> None:
     """Scenes against a built-in mock server: pooling, streaming, queueing, retries."""
     from llm_latency.cli.demo import main as run_demo
 
-    run_demo(Console())
+    run_demo(make_console())
 
 
 @cli.command()
@@ -83,11 +82,17 @@ def demo() -> None:
     type=click.FloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
-    help="Seconds per request.",
+    help="Deadline of each request, in seconds: from sending it (waiting for a free "
+    "connection included) to its last byte, streamed or not; the same for every client.",
 )
 @click.option("--cacert", type=click.Path(dir_okay=False), help="Trust this CA (PEM) for HTTPS.")
-@click.option("--dns", help="Resolve through this DNS server (HOST:PORT; aiohttp client only).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--dns", help="Resolve through this DNS server (IP[:PORT]; aiohttp client only).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
+@click.option(
+    "--jsonl",
+    is_flag=True,
+    help="Print a JSON line per request as it finishes, then a summary line.",
+)
 @click.option(
     "--html",
     "html_file",
@@ -109,59 +114,80 @@ def probe(
     cacert: str | None,
     dns: str | None,
     as_json: bool,
+    jsonl: bool,
     html_file: str | None,
 ) -> None:
-    """httpstat for LLM endpoints: each request's phases, then percentiles.
+    """httpstat for LLM endpoints: each request's phases as it finishes, then percentiles per
+    status class and the diagnosis (findings, with fixes).
 
     API keys come from -H or from OPENAI_API_KEY / ANTHROPIC_API_KEY; they are never printed.
-    Several URLs are compared side by side.
+    Several URLs are compared side by side. Ctrl-C stops the run and reports the requests that
+    finished (exit code 130).
     """
     for url in urls:
         parse_url(url)
-    if dns and client != "aiohttp":
-        raise CLIError("--dns works with --client aiohttp only")
+    if as_json and jsonl:
+        raise click.UsageError("--json and --jsonl: choose one")
+    if dns:
+        parse_dns(dns)
+        if client != "aiohttp":
+            raise CLIError("--dns works with --client aiohttp only")
     if cacert and not Path(cacert).is_file():
         raise CLIError(f"cannot read the CA file {cacert}")
+    if html_file:
+        check_writable(html_file)
     requests_to_send = {
         url: build_request(url, method, headers, data, stream, model) for url in urls
     }
     options = ProbeOptions(count, concurrency, fresh, timeout, cacert, dns)
     names = shown(urls)  # what the report calls each URL: redacted
-    runs: dict[str, list[RequestResult]] = {}
+    mode = "json" if as_json else "jsonl" if jsonl else "text"
+    output = ProbeOutput(mode, make_console(), timeout)
+    plan = (
+        f"{count} request{'s' if count > 1 else ''} with {client}, {concurrency} at a time"
+        + (", each on a new connection" if fresh else "")
+        + "; each request's bars span its own time"
+    )
+    runs: dict[str, UrlRun] = {}
     failures: list[str] = []
-    findings: dict[str, list[Finding]] = {}
     problems: dict[str, list[str]] = {}
+    stopped: str | None = None
     started = datetime.now(timezone.utc)
     with scrubbed_logging(urls), instrumented("llm-latency-probe", [client]) as (collector, _):
         for url, request in requests_to_send.items():
-            results, errors = asyncio.run(probe_url(url, request, client, options, collector))
-            runs[names[url]] = results
-            findings[names[url]] = diagnose(collector.taken)
-            problems[names[url]] = error_lines(url, errors, timeout)
+            output.begin(names[url], plan)
+            run = asyncio.run(probe_url(url, request, client, options, collector, output.emitter()))
+            runs[names[url]] = run
+            problems[names[url]] = error_lines(url, run.errors, timeout)
             failures += problems[names[url]]
-    console = Console(stderr=as_json)
-    if as_json:
-        sys.stdout.write(json.dumps(json_report(runs), indent=2) + "\n")
-    else:
-        for url, results in runs.items():
-            waterfall(console, results, url)
-            if any(r.kind == "request" for r in results):
-                console.print(summary_table(summarize(results)))
-        if len(runs) > 1:
-            console.print(comparison_table({u: summarize(r) for u, r in runs.items()}))
+            if run.stopped == "broken pipe":
+                raise BrokenPipeError
+            output.end(names[url], run)
+            if run.stopped:
+                stopped = run.stopped
+                break
+    output.finish(runs, stopped)
     if html_file:
         details = RunDetails(started, command_line(click.get_current_context()), client, count,
                              concurrency, stream, fresh, timeout)  # fmt: skip
-        try:
-            Path(html_file).write_text(
-                html_page(runs, details, findings, problems), encoding="utf-8"
-            )
-        except OSError as exc:
-            raise CLIError(f"cannot write {html_file}: {exc.strerror or exc}") from None
-        if not as_json:
-            console.print(f"wrote {html_file}")
+        results = {url: run.results for url, run in runs.items()}
+        _write_html(html_file, html_page(results, details, output.findings, problems))
+        output.note(f"wrote {html_file}")
+    lines = "\n".join(f"llm-latency: error: {line}" for line in failures)
+    if stopped == "interrupted":
+        if failures:  # what failed before Ctrl-C is said too
+            sys.stderr.write(scrub(lines) + "\n")
+        raise KeyboardInterrupt
     if failures:
-        raise CLIError("\n".join(f"llm-latency: error: {line}" for line in failures), raw=True)
+        raise CLIError(lines, raw=True)
+
+
+def _write_html(html_file: str, page: str) -> None:
+    """``--html``: the report as one self-contained page."""
+    try:
+        Path(html_file).write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise CLIError(f"cannot write {html_file}: {exc.strerror or exc}") from None
 
 
 @cli.command("mock-server")
@@ -229,6 +255,7 @@ def mock_server(
         tls_delay=tls_delay,
         seed=seed,
     )
+    log_to_stderr()
     asyncio.run(_serve(profile, host, port, tls))
 
 
@@ -274,9 +301,20 @@ def run(argv: list[str]) -> int:
     except (click.Abort, KeyboardInterrupt):
         sys.stderr.write("llm-latency: interrupted\n")
         return 130
+    except BrokenPipeError:
+        _drop_stdout()
+        return BROKEN_PIPE_EXIT
     except Exception as exc:
         if os.environ.get("LLM_LATENCY_DEBUG"):
             raise
         sys.stderr.write(scrub(f"llm-latency: error: {type(exc).__name__}: {exc}") + "\n")
         return 1
     return 0
+
+
+def _drop_stdout() -> None:
+    """The reader of stdout went away: send what is left (and the interpreter's final flush)
+    to /dev/null, so that no second BrokenPipeError is reported at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -17,14 +17,23 @@ import aiohttp
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.text import Text
 
 import llm_latency
 from llm_latency.cli.dns_server import LocalDNS
 from llm_latency.cli.mock_server import Profile, running
 from llm_latency.cli.pool_view import pool_table, watching
-from llm_latency.cli.render import ms, summary_table, waterfall
+from llm_latency.cli.render import (
+    dur,
+    make_console,
+    print_findings,
+    status_tables,
+    waterfall,
+    wrap,
+)
 from llm_latency.cli.results import RequestResult, SpanCollector, summarize, to_results
 from llm_latency.cli.telemetry import instrumented, otlp_endpoint
+from llm_latency.diagnosis import Finding, diagnose
 
 HOST = "api.llm-demo.test"
 PROFILE = Profile(ttfb=0.25, tokens_per_second=40.0, tokens=8, tls_delay=0.08, retry_after_ms=300)
@@ -34,9 +43,12 @@ BODY = {"model": "mock-gpt", "messages": [{"role": "user", "content": "Say hello
 
 @dataclass
 class Scene:
+    """One scene's requests, what it shows in a sentence, and the diagnosis of its spans."""
+
     title: str
     results: list[RequestResult]
     closing: str
+    findings: list[Finding]
     extra: RenderableType | None = None
 
 
@@ -87,8 +99,10 @@ class Demo:
                 await tracked()
         self.progress.remove_task(task)
 
-    def take(self) -> list[RequestResult]:
-        return to_results(self.collector.take())
+    def take(self) -> tuple[list[RequestResult], list[Finding]]:
+        """The requests since the last take, and their diagnosis."""
+        spans = self.collector.take()
+        return to_results(spans), diagnose(spans)
 
     async def fresh_vs_pooled(self) -> list[Scene]:
         async def fresh() -> None:
@@ -98,25 +112,27 @@ class Demo:
             await resolver.close()
 
         await self.steps("fresh connection per request", 4, fresh)
-        fresh_results = self.take()
+        fresh_results, fresh_findings = self.take()
         session, resolver = self.session()
         async with session:
             await self.steps("one pooled session", 4, lambda: self.post(session))
         await resolver.close()
-        pooled = self.take()
+        pooled, pooled_findings = self.take()
         fresh_p50 = summarize(fresh_results)["total"]["p50"]
         later = summarize(pooled[1:])["total"]["p50"]
         return [
             Scene(
                 "1a. A new connection for every request: DNS, TCP and TLS each time",
                 fresh_results,
-                f"Every request paid for DNS, TCP and TLS: p50 {ms(fresh_p50)}.",
+                f"Every request paid for DNS, TCP and TLS: p50 {dur(fresh_p50)}.",
+                fresh_findings,
             ),
             Scene(
                 "1b. One pooled session: only the first request connects",
                 pooled,
                 f"Pooling removed DNS, TCP and TLS from every request after the first: "
-                f"p50 {ms(later)} against {ms(fresh_p50)}.",
+                f"p50 {dur(later)} against {dur(fresh_p50)}.",
+                pooled_findings,
             ),
         ]
 
@@ -126,9 +142,9 @@ class Demo:
             await self.post(session)  # warm the pool, so the scene compares only the answer
             self.take()
             await self.steps("without streaming", 3, lambda: self.post(session))
-            plain = self.take()
+            plain, plain_findings = self.take()
             await self.steps("with streaming", 3, lambda: self.post(session, stream=True))
-            streamed = self.take()
+            streamed, streamed_findings = self.take()
         await resolver.close()
         first = summarize(streamed)["first_chunk"]["p50"]
         total = summarize(streamed)["total"]["p50"]
@@ -137,13 +153,15 @@ class Demo:
             Scene(
                 "2a. Without streaming: nothing arrives until the whole answer is ready",
                 plain,
-                f"The answer arrived all at once after {ms(plain_total)}.",
+                f"The answer arrived all at once after {dur(plain_total)}.",
+                plain_findings,
             ),
             Scene(
                 "2b. Streaming: the first token comes early, the span lasts to the end",
                 streamed,
-                f"First token after {ms(first)}; the stream ended after {ms(total)}. The "
+                f"First token after {dur(first)}; the stream ended after {dur(total)}. The "
                 "request span covers the whole stream, not only the headers.",
+                streamed_findings,
             ),
         ]
 
@@ -158,7 +176,7 @@ class Demo:
                 kept = pool.states[-1].idle if pool.states else 0
             await resolver.close()
             await asyncio.sleep(0.1)  # the connections close
-        results = self.take()
+        results, findings = self.take()
         queued = [r.phases["queue"] for r in results if "queue" in r.phases]
         longest = max(queued, default=0.0)
         peak = max(pool.states, key=lambda s: (s.active, s.waiting), default=None)
@@ -174,7 +192,8 @@ class Demo:
                 "3. A burst of 8 with limit_per_host=2: the pool makes them queue",
                 results,
                 f"{filled}{len(queued)} of {len(results)} requests waited in http.queue, up "
-                f"to {ms(longest)}: that time is the client's pool, not the model.",
+                f"to {dur(longest)}: that time is the client's pool, not the model.",
+                findings,
                 pool_table(pool.states),
             )
         ]
@@ -190,25 +209,43 @@ class Demo:
             state.rate_limit_next = 1
             await self.steps("a rate-limited call, retried", 1, complete)
         await resolver.close()
-        results = self.take()
+        results, findings = self.take()
         waited = sum(r.total for r in results if r.kind == "backoff")
         return [
             Scene(
                 "4. Rate-limited, then retried by llm_latency.retry",
                 results,
                 f"The first attempt got a 429 with retry-after-ms={PROFILE.retry_after_ms}; "
-                f"the call waited {ms(waited)} (retry.backoff) and the second attempt "
+                f"the call waited {dur(waited)} (retry.backoff) and the second attempt "
                 "succeeded. The wait is visible, not folded into the call's latency.",
+                findings,
             )
         ]
 
 
-def _print_scene(console: Console, scene: Scene) -> None:
+def _print_scene(console: Console, scene: Scene, first: bool = False) -> None:
+    if not first:
+        console.print()
     waterfall(console, scene.results, scene.title, rate_limits=False)
-    console.print(summary_table(summarize(scene.results)))
+    status_tables(console, scene.results)
     if scene.extra is not None:
         console.print(scene.extra)
-    console.print(f"[bold green]→ {scene.closing}[/bold green]")
+    for line in wrap(f"→ {scene.closing}", console.width, "", "  "):
+        console.print(Text(line, style="bold green"), soft_wrap=True)
+    print_findings(console, scene.findings)
+
+
+def _print_recap(console: Console, scenes: list[Scene]) -> None:
+    """The closing lines: each rule that fired, and in which scenes."""
+    where: dict[str, list[str]] = {}
+    for scene in scenes:
+        for finding in scene.findings:
+            where.setdefault(finding.rule, []).append(scene.title.split(" ", 1)[0].rstrip("."))
+    rules = [f"{rule} ({', '.join(names)})" for rule, names in where.items()]
+    recap = "The diagnosis, scene by scene: " + ("; ".join(rules) if rules else "nothing") + "."
+    console.print()
+    for line in wrap(recap, console.width, "", "  "):
+        console.print(Text(line, style="bold"), soft_wrap=True)
 
 
 async def run(console: Console) -> None:
@@ -219,12 +256,15 @@ async def run(console: Console) -> None:
             assert server.ca_file is not None
             context = ssl.create_default_context(cafile=str(server.ca_file))
             url = server.url(host=HOST)
-            console.print(
-                f"[bold]llm-latency demo[/bold]: a mock OpenAI-compatible server at {url}\n"
-                f"(TLS handshake +{ms(PROFILE.tls_delay)}, DNS +{ms(DNS_DELAY)}, "
-                f"{ms(PROFILE.ttfb)} before the first token, {PROFILE.tokens_per_second:g} "
-                "tokens/s), called through aiohttp instrumented by llm-latency."
+            intro = (
+                f"llm-latency demo: a mock OpenAI-compatible server at {url} (TLS handshake "
+                f"+{dur(PROFILE.tls_delay)}, DNS +{dur(DNS_DELAY)}, {dur(PROFILE.ttfb)} before "
+                f"the first token, {PROFILE.tokens_per_second:g} tokens/s), called through "
+                "aiohttp instrumented by llm-latency. After each scene: what "
+                "llm_latency.diagnose finds in its spans."
             )
+            for line in wrap(intro, console.width):
+                console.print(Text(line), soft_wrap=True)
             with (
                 instrumented("llm-latency-demo", ["aiohttp"]) as (collector, metrics),
                 Progress(
@@ -242,8 +282,9 @@ async def run(console: Console) -> None:
                     *await demo.burst(),
                     *await demo.rate_limited(server.state),
                 ]
-            for scene in scenes:
-                _print_scene(console, scene)
+            for number, scene in enumerate(scenes):
+                _print_scene(console, scene, first=number == 0)
+            _print_recap(console, scenes)
     finally:
         dns.stop()
     endpoint = otlp_endpoint()
@@ -262,4 +303,4 @@ async def run(console: Console) -> None:
 
 def main(console: Console | None = None) -> None:
     """Entry point of ``llm-latency demo``."""
-    asyncio.run(run(console or Console()))
+    asyncio.run(run(console or make_console()))

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import random
 import ssl
 import tempfile
@@ -54,6 +55,17 @@ class ServerState:
 
 
 STATE = web.AppKey("state", ServerState)
+_log = logging.getLogger(__name__)
+
+
+def log_to_stderr() -> None:
+    """Show the server's log lines (one line per event, e.g. a client that hung up
+    mid-response) on stderr: what ``llm-latency mock-server`` does."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("llm-latency mock-server: %(message)s"))
+    _log.addHandler(handler)
+    _log.setLevel(logging.INFO)
+    _log.propagate = False
 
 
 def _headers(state: ServerState, number: int, processing: float) -> dict[str, str]:
@@ -129,19 +141,27 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         )
     response = web.StreamResponse(headers=_headers(state, number, loop.time() - arrived))
     response.content_type = "text/event-stream"
-    await response.prepare(request)
     gap = 1.0 / max(profile.tokens_per_second, 1e-3)
-    for i, word in enumerate(words):
-        if i:
-            await asyncio.sleep(gap)
-        chunk = {
-            **base,
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
-        }
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+    sent = 0
+    try:
+        await response.prepare(request)
+        for i, word in enumerate(words):
+            if i:
+                await asyncio.sleep(gap)
+            chunk = {
+                **base,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
+            }
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            sent += 1
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
+        peer = request.remote or "the client"
+        _log.info(
+            "%s hung up mid-stream: request %d got %d of %d chunks", peer, number, sent, len(words)
+        )
     return response
 
 

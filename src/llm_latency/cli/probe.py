@@ -1,31 +1,48 @@
 """``llm-latency probe``: httpstat for LLM endpoints.
 
 It sends requests with the chosen client, instrumented by llm-latency itself, and reports each
-request's phases from the spans it collected.
+request's phases from the spans it collected, each request as it finishes: the span collector's
+listener turns each finished request span (with its phase children) into a RequestResult and
+hands it to ``emit`` on a thread of its own, in finish order. Printing on a thread keeps the
+terminal out of the measurement: a slow reader of the output (a pager, a full pipe) blocks that
+thread, never the event loop or the client threads that the next requests' phases are timed on.
+
+``--timeout`` is one deadline per request for every client: from the moment the request is
+issued (waiting for a pooled connection included) to its last byte, streamed or not. aiohttp
+enforces it with its total timeout; httpx2 by cancelling the request at the deadline (its own
+timeouts are per operation, so each also gets the whole deadline); requests by urllib3's total
+timeout for connecting and the headers, then, for the body, by a socket timeout that shrinks to
+what is left of the deadline before each read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
-import json
-import os
+import queue
+import signal
 import ssl
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind
+
+from llm_latency import semconv as sc
 from llm_latency.cli.errors import CLIError, describe
-from llm_latency.cli.redaction import scrub
-from llm_latency.cli.results import RequestResult, SpanCollector, summarize, to_results
+from llm_latency.cli.probe_input import ProbeRequest
+from llm_latency.cli.results import REQUEST_NUMBER, RequestResult, SpanCollector
+from llm_latency.diagnosis.records import from_readable_spans, is_attempt, to_attempt
 
 CLIENT_NAMES = ("aiohttp", "httpx2", "requests")
-DEFAULT_MODEL = "gpt-4o-mini"
-_LLM_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages")
+#: The shortest socket timeout set once the deadline is near or past: 0 would make the
+#: socket non-blocking instead of timing out.
+_MIN_READ_TIMEOUT = 0.001
 
 
 @dataclass
@@ -41,96 +58,92 @@ class ProbeOptions:
 
 
 @dataclass
-class ProbeRequest:
-    """What each probe request sends."""
+class UrlRun:
+    """One URL's run: the requests in the order they finished, the errors raised, every span
+    collected, and why the run stopped early (``interrupted``, ``broken pipe``) if it did."""
 
-    method: str
-    headers: list[tuple[str, str]]
-    body: bytes | None
-
-
-def parse_url(url: str) -> str:
-    """The URL if it is an absolute http(s) URL with a host, else a CLIError (which shows the
-    URL without its secrets)."""
-    shown = repr(scrub(url, [url]))
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise CLIError(f"malformed URL {shown}: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise CLIError(f"malformed URL {shown}: it must start with http:// or https://")
-    if not parts.hostname:
-        raise CLIError(f"malformed URL {shown}: no host")
-    if port == 0:
-        raise CLIError(f"malformed URL {shown}: port 0")
-    return url
+    results: list[RequestResult]
+    errors: list[BaseException]
+    spans: list[ReadableSpan] = field(default_factory=list)
+    stopped: str | None = None
 
 
-def parse_header(raw: str) -> tuple[str, str]:
-    """``'Name: value'`` as a (name, value) pair, else a CLIError."""
-    name, colon, value = raw.partition(":")
-    if not colon or not name.strip() or any(c.isspace() for c in name.strip()):
-        raise CLIError(f"header {raw!r} is not 'Name: value'")
-    return name.strip(), value.strip()
+Emit = Callable[[RequestResult], None]
+_Item = tuple[ReadableSpan, list[ReadableSpan], "int | None"]
 
 
-def read_body(data: str | None) -> bytes | None:
-    """``-d``: the text itself, or ``@file``'s bytes."""
-    if data is None:
-        return None
-    if data.startswith("@"):
-        path = Path(data[1:])
-        try:
-            return path.read_bytes()
-        except OSError as exc:
-            raise CLIError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return data.encode()
+class Finished:
+    """Collects a run's results as their spans end, and emits each on a printer thread.
 
+    ``origin_ns`` (epoch ns) is the run's start, which ``RequestResult.start`` counts from.
+    When ``emit`` raises ``BrokenPipeError`` (the reader of the output went away), nothing more
+    is emitted, :attr:`broken` is set and ``on_broken`` is called (from the printer thread).
+    """
 
-def build_request(
-    url: str,
-    method: str | None,
-    raw_headers: tuple[str, ...],
-    data: str | None,
-    stream: bool,
-    model: str,
-) -> ProbeRequest:
-    """The request to send: method, headers (with an API key from the environment when none
-    is given), and body (a small completion request for a known LLM route when none is given)."""
-    headers = [parse_header(h) for h in raw_headers]
-    body = read_body(data)
-    path = urlsplit(url).path
-    is_llm = path.endswith(_LLM_ROUTES)
-    if body is None and is_llm and (method is None or method.upper() == "POST"):
-        payload: dict[str, Any] = {
-            "model": model,
-            "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": 16,
-        }
-        if stream:
-            payload["stream"] = True
-        body = json.dumps(payload).encode()
-    elif body is not None and stream:
-        try:
-            given = json.loads(body)
-        except ValueError:
-            given = None
-        if isinstance(given, dict) and "stream" not in given:
-            given["stream"] = True
-            body = json.dumps(given).encode()
-    names = {name.lower() for name, _ in headers}
-    if body is not None and "content-type" not in names:
-        headers.append(("Content-Type", "application/json"))
-    if "authorization" not in names and "x-api-key" not in names:
-        if path.endswith("/messages") and os.environ.get("ANTHROPIC_API_KEY"):
-            headers.append(("x-api-key", os.environ["ANTHROPIC_API_KEY"]))
-            if "anthropic-version" not in names:
-                headers.append(("anthropic-version", "2023-06-01"))
-        elif os.environ.get("OPENAI_API_KEY"):
-            headers.append(("Authorization", f"Bearer {os.environ['OPENAI_API_KEY']}"))
-    chosen = (method or ("POST" if body is not None else "GET")).upper()
-    return ProbeRequest(chosen, headers, body)
+    def __init__(self, origin_ns: int, emit: Emit | None, on_broken: Callable[[], None]) -> None:
+        self.results: list[RequestResult] = []
+        self.broken = False
+        self._origin = origin_ns
+        self._emit = emit
+        self._on_broken = on_broken
+        self._children: dict[int, list[ReadableSpan]] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="llm-latency-printer", daemon=True)
+
+    def __enter__(self) -> Finished:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def on_span(self, span: ReadableSpan, number: int | None) -> None:
+        """The collector's listener: a span ended (phase spans end before their request's)."""
+        context = span.context
+        if context is None:
+            return
+        with self._lock:
+            if span.parent is not None:
+                self._children.setdefault(span.parent.span_id, []).append(span)
+            if span.kind is not SpanKind.CLIENT:
+                return
+            children = self._children.pop(context.span_id, [])
+        self._queue.put((span, children, number))
+
+    def close(self) -> None:
+        """Emit what is queued, stop the thread; re-raise what ``emit`` raised (but a broken
+        pipe, reported by :attr:`broken`)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._failure is not None:
+            raise self._failure
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            span, children, number = item
+            record, *own = from_readable_spans([span, *children])
+            if not is_attempt(record, any(sc.PHASE in c.attributes for c in own)):
+                continue
+            result = RequestResult.of(to_attempt(record, own), self._origin)
+            result.number = number
+            self.results.append(result)
+            if self._emit is None or self.broken or self._failure is not None:
+                continue
+            try:
+                self._emit(result)
+            except BrokenPipeError:
+                self.broken = True
+                self._on_broken()
+            except BaseException as exc:  # re-raised by close(), on the main thread
+                self._failure = exc
 
 
 def _ssl_context(ca_file: str | None) -> ssl.SSLContext:
@@ -141,41 +154,37 @@ def _ssl_context(ca_file: str | None) -> ssl.SSLContext:
 
 
 async def _run_many(
-    n: int, concurrency: int, one: Callable[[], Awaitable[None]]
-) -> list[BaseException]:
+    n: int, concurrency: int, one: Callable[[], Awaitable[None]], errors: list[BaseException]
+) -> None:
+    """``one()`` ``n`` times, ``concurrency`` at once, each under its ``REQUEST_NUMBER``."""
     gate = asyncio.Semaphore(max(1, concurrency))
-    errors: list[BaseException] = []
 
-    async def guarded() -> None:
+    async def guarded(number: int) -> None:
         async with gate:
+            REQUEST_NUMBER.set(number)  # this task's own context
             try:
                 await one()
             except Exception as exc:
                 errors.append(exc)
 
-    await asyncio.gather(*(guarded() for _ in range(n)))
-    return errors
+    await asyncio.gather(*(guarded(number) for number in range(1, n + 1)))
 
 
 async def _probe_aiohttp(
-    url: str, request: ProbeRequest, options: ProbeOptions
-) -> list[BaseException]:
+    url: str, request: ProbeRequest, options: ProbeOptions, errors: list[BaseException]
+) -> None:
     import aiohttp
 
-    n, concurrency, fresh = options.n, options.concurrency, options.fresh
-    timeout, ca_file = options.timeout, options.ca_file
-    dns = options.dns
-
-    resolver = aiohttp.AsyncResolver(nameservers=[dns]) if dns else None
+    resolver = aiohttp.AsyncResolver(nameservers=[options.dns]) if options.dns else None
     connector = aiohttp.TCPConnector(
-        ssl=_ssl_context(ca_file) if ca_file else True,
+        ssl=_ssl_context(options.ca_file) if options.ca_file else True,
         resolver=resolver,
-        force_close=fresh,
-        use_dns_cache=not fresh,
-        limit=max(concurrency, 1),
+        force_close=options.fresh,
+        use_dns_cache=not options.fresh,
+        limit=max(options.concurrency, 1),
     )
     async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)
+        connector=connector, timeout=aiohttp.ClientTimeout(total=options.timeout)
     ) as session:
 
         async def one() -> None:
@@ -186,70 +195,126 @@ async def _probe_aiohttp(
                     pass
 
         try:
-            return await _run_many(n, concurrency, one)
+            await _run_many(options.n, options.concurrency, one, errors)
         finally:
             if resolver is not None:
                 await resolver.close()
 
 
 async def _probe_httpx2(
-    url: str, request: ProbeRequest, options: ProbeOptions
-) -> list[BaseException]:
+    url: str, request: ProbeRequest, options: ProbeOptions, errors: list[BaseException]
+) -> None:
     import httpx2
 
-    n, concurrency, fresh = options.n, options.concurrency, options.fresh
-    timeout, ca_file = options.timeout, options.ca_file
-
-    verify: Any = _ssl_context(ca_file) if ca_file else True
+    verify: Any = _ssl_context(options.ca_file) if options.ca_file else True
+    limits = httpx2.Limits(max_connections=options.concurrency)
 
     def client() -> Any:
-        return httpx2.AsyncClient(
-            verify=verify, timeout=timeout, limits=httpx2.Limits(max_connections=concurrency)
-        )
+        return httpx2.AsyncClient(verify=verify, timeout=options.timeout, limits=limits)
 
-    shared = None if fresh else client()
+    shared = None if options.fresh else client()
+
+    async def send(active: Any) -> None:
+        async with active.stream(
+            request.method, url, headers=request.headers, content=request.body
+        ) as response:
+            async for _ in response.aiter_raw():
+                pass
 
     async def one() -> None:
         own = client() if shared is None else None
-        active = own if own is not None else shared
-        assert active is not None
         try:
-            async with active.stream(
-                request.method, url, headers=request.headers, content=request.body
-            ) as response:
-                async for _ in response.aiter_raw():
-                    pass
+            await asyncio.wait_for(send(own or shared), options.timeout)  # the deadline
         finally:
             if own is not None:
                 await own.aclose()
 
     try:
-        return await _run_many(n, concurrency, one)
+        await _run_many(options.n, options.concurrency, one, errors)
     finally:
         if shared is not None:
             await shared.aclose()
 
 
+class _Workers:
+    """``count`` daemon threads that run blocking calls for the event loop. A request still in
+    flight when the probe is stopped does not hold the process up, as it would on a
+    ThreadPoolExecutor's threads (joined at exit)."""
+
+    def __init__(self, count: int) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"llm-latency-probe-{i}", daemon=True)
+            for i in range(max(1, count))
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    def run(self, call: Callable[[], None]) -> asyncio.Future[None]:
+        """Run ``call`` on a worker, in a copy of the caller's context (as
+        ``asyncio.to_thread``); the future is its outcome."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def settle(error: BaseException | None) -> None:
+            if future.done():  # cancelled: the probe was stopped
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        def job() -> None:
+            error: BaseException | None = None
+            try:
+                context.run(call)
+            except BaseException as exc:
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the probe stopped
+                loop.call_soon_threadsafe(settle, error)
+
+        self._jobs.put(job)
+        return future
+
+    def stop(self, wait: bool) -> None:
+        """Let the threads end after their current call; ``wait`` for them."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
+def _shrink_read_timeout(response: Any, deadline: float) -> None:
+    """The next read of ``response``'s body may wait only what is left until ``deadline``."""
+    connection = getattr(response.raw, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        sock.settimeout(max(deadline - time.monotonic(), _MIN_READ_TIMEOUT))
+
+
 async def _probe_requests(
-    url: str, request: ProbeRequest, options: ProbeOptions
-) -> list[BaseException]:
-    """requests is synchronous: each request runs on a worker thread of a pool of
-    ``concurrency`` threads, each thread with its own Session (a Session is not shared across
-    threads). So sequential requests (``-c 1``) all run on one thread and reuse one
-    connection, and ``-c N`` opens at most N. (``asyncio.to_thread`` would hand consecutive
-    requests to different threads of the loop's default pool, each connecting anew.)"""
+    url: str, request: ProbeRequest, options: ProbeOptions, errors: list[BaseException]
+) -> None:
+    """requests is synchronous: each request runs on one of ``concurrency`` worker threads,
+    each thread with its own Session (a Session is not shared across threads). So sequential
+    requests (``-c 1``) all run on one thread and reuse one connection, and ``-c N`` opens at
+    most N."""
     import requests
+    import urllib3
 
-    n, concurrency, fresh = options.n, options.concurrency, options.fresh
-    timeout, ca_file = options.timeout, options.ca_file
-
-    verify: Any = ca_file if ca_file else True
+    verify: Any = options.ca_file if options.ca_file else True
     local = threading.local()
     sessions: list[Any] = []
     sessions_lock = threading.Lock()
 
     def session() -> Any:
-        if fresh:
+        if options.fresh:
             return requests.Session()
         if not hasattr(local, "session"):
             local.session = requests.Session()
@@ -258,6 +323,7 @@ async def _probe_requests(
         return local.session
 
     def one_sync() -> None:
+        deadline = time.monotonic() + options.timeout
         active = session()
         try:
             with active.request(
@@ -265,29 +331,57 @@ async def _probe_requests(
                 url,
                 headers=dict(request.headers),
                 data=request.body,
-                timeout=timeout,
+                timeout=urllib3.Timeout(total=options.timeout),
                 verify=verify,
                 stream=True,
             ) as response:
+                _shrink_read_timeout(response, deadline)
                 for _ in response.iter_content(None):
-                    pass
+                    _shrink_read_timeout(response, deadline)
         finally:
-            if fresh:
+            if options.fresh:
                 active.close()
 
-    loop = asyncio.get_running_loop()
-    workers = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="llm-latency-probe")
-
-    def one() -> Awaitable[None]:
-        context = contextvars.copy_context()  # as asyncio.to_thread does
-        return loop.run_in_executor(workers, context.run, one_sync)
-
+    workers = _Workers(options.concurrency)
+    finished = False
     try:
-        return await _run_many(n, concurrency, one)
+        await _run_many(options.n, options.concurrency, lambda: workers.run(one_sync), errors)
+        finished = True
     finally:
-        workers.shutdown(wait=True)
-        for each in sessions:
-            each.close()
+        workers.stop(wait=finished)
+        if finished:
+            for each in sessions:
+                each.close()
+
+
+_CLIENTS = {"aiohttp": _probe_aiohttp, "httpx2": _probe_httpx2, "requests": _probe_requests}
+
+
+class _Stop:
+    """Stops a run early: on SIGINT (Ctrl-C; a second one aborts at once), or when the output
+    is gone. The spans that end afterwards are dropped: they did not finish."""
+
+    def __init__(self, collector: SpanCollector) -> None:
+        self.reason: str | None = None
+        self._collector = collector
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+
+    def now(self, reason: str) -> None:
+        """Stop the run (on the loop's thread)."""
+        if self.reason is not None:
+            if reason == "interrupted":
+                raise KeyboardInterrupt
+            return
+        self.reason = reason
+        self._collector.freeze()
+        if self._task is not None:
+            self._task.cancel()
+
+    def soon(self, reason: str) -> None:
+        """Stop the run, from any thread."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over
+            self._loop.call_soon_threadsafe(self.now, reason)
 
 
 async def probe_url(
@@ -296,17 +390,31 @@ async def probe_url(
     client: str,
     options: ProbeOptions,
     collector: SpanCollector,
-) -> tuple[list[RequestResult], list[BaseException]]:
-    """Send ``options.n`` requests to ``url``; return their results and the errors raised."""
+    emit: Emit | None = None,
+) -> UrlRun:
+    """Send ``options.n`` requests to ``url``; ``emit`` each result as it finishes (on a
+    printer thread). SIGINT stops the run: the requests that finished are returned."""
+    loop = asyncio.get_running_loop()
+    stop = _Stop(collector)
+    errors: list[BaseException] = []
     collector.take()
-    if client == "aiohttp":
-        errors = await _probe_aiohttp(url, request, options)
-    elif client == "httpx2":
-        errors = await _probe_httpx2(url, request, options)
-    else:
-        errors = await _probe_requests(url, request, options)
-    await asyncio.sleep(0)  # let callbacks that end the last spans run
-    return to_results(collector.take()), errors
+    with Finished(time.time_ns(), emit, lambda: stop.soon("broken pipe")) as finished:
+        collector.listener = finished.on_span
+        handled = False
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGINT, stop.now, "interrupted")
+            handled = True
+        try:
+            await _CLIENTS[client](url, request, options, errors)
+            await asyncio.sleep(0)  # let callbacks that end the last spans run
+        except asyncio.CancelledError:
+            if stop.reason is None:
+                raise
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
+            collector.listener = None
+    return UrlRun(finished.results, errors, collector.take(), stop.reason)
 
 
 def error_lines(url: str, errors: list[BaseException], timeout: float) -> list[str]:
@@ -319,23 +427,3 @@ def error_lines(url: str, errors: list[BaseException], timeout: float) -> list[s
         f"{line}" + (f" ({count} requests)" if count > 1 else "")
         for line, count in sorted(counts.items(), key=lambda kv: -kv[1])
     ]
-
-
-def json_report(runs: dict[str, list[RequestResult]]) -> dict[str, Any]:
-    """``--json``: ``requests`` (each with status, phases, request_id, time_to_first_chunk,
-    total, ...) and ``summary`` (per phase p50/p95/max); ``endpoints`` per URL when several."""
-    everything = [r for results in runs.values() for r in results]
-    report: dict[str, Any] = {
-        "requests": [r.as_json() for r in everything if r.kind == "request"],
-        "summary": {
-            k: {q: v[q] for q in ("p50", "p95", "max")} for k, v in summarize(everything).items()
-        },
-    }
-    if len(runs) > 1:
-        report["endpoints"] = {
-            url: {
-                k: {q: v[q] for q in ("p50", "p95", "max")} for k, v in summarize(results).items()
-            }
-            for url, results in runs.items()
-        }
-    return report

@@ -1,16 +1,22 @@
-"""Showing results in the terminal (rich): phase waterfalls and percentile tables. (The HTML
-report is ``html_report``.)"""
+"""Showing results in the terminal (rich): phase waterfalls, percentile tables and findings.
+(The HTML report is ``html_report``.)
+
+The terminal output fits the console's width (clamped to 60-200 columns): this module breaks
+its own lines, only at ordinary spaces, so a duration (``duration``: a no-break space between
+number and unit) never wraps apart, and continuation lines are indented.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from llm_latency.cli.results import RequestResult
+from llm_latency.cli.results import RequestResult, StatusSummary, summarize_by_status
+from llm_latency.diagnosis.findings import Finding, duration
 from llm_latency.timeline import PHASE_NAMES
 
 PHASE_COLORS = {
@@ -23,12 +29,183 @@ PHASE_COLORS = {
     "receive": "#76b041",
     "backoff": "#adb5bd",
 }
-BAR_WIDTH = 50
+MIN_WIDTH, MAX_WIDTH = 60, 200
+#: The value column of a waterfall: a right-aligned duration.
+VALUE_WIDTH = 9
+#: The label column: the longest phase name, and ``retry.backoff`` when a scene has one.
+LABEL_WIDTH, BACKOFF_LABEL_WIDTH = 8, 14
+#: The note shown beside a negative network overhead.
+CLOCK_NOTE = "server reports more than the wait: its clock"
 
 
 def ms(seconds: float | None) -> str:
     """Seconds as a short millisecond string."""
     return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def dur(seconds: float | None) -> str:
+    """A duration for the terminal (``duration``: its unit never wraps apart), ``-`` if None."""
+    return "-" if seconds is None else duration(seconds)
+
+
+class _Console(Console):
+    """A console that lets a broken pipe (``| head``) reach the command as BrokenPipeError,
+    which stops the run (rich's own handler exits with code 1 from whichever thread
+    printed)."""
+
+    def on_broken_pipe(self) -> None:
+        """Stop printing; tell the caller."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console as wide as the terminal (or ``COLUMNS``), clamped to 60-200 columns."""
+    detected = Console(stderr=stderr).width
+    return _Console(stderr=stderr, width=max(MIN_WIDTH, min(MAX_WIDTH, detected)))
+
+
+def wrap(text: str, width: int, indent: str = "", subsequent: str | None = None) -> list[str]:
+    """``text`` in lines of at most ``width`` columns, broken at ordinary spaces only, the
+    first line indented by ``indent``, the others by ``subsequent`` (default: ``indent``)."""
+    lines = textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent if subsequent is None else subsequent,
+        break_on_hyphens=False,
+    )
+    return lines or [indent]
+
+
+def pack(items: Iterable[str], width: int, indent: str, subsequent: str, sep: str) -> list[str]:
+    """``items`` joined by ``sep`` in lines of at most ``width`` columns, never splitting an
+    item unless it alone is too long for a line (then it is wrapped at its spaces). A line
+    that continues ends with the separator's mark (``,`` of ``", "``)."""
+    mark = sep.strip()
+    limit = width - len(mark)
+    lines: list[str] = []
+    line = ""
+    for item in items:
+        if line and len(line) + len(sep) + len(item) <= limit:
+            line += sep + item
+            continue
+        prefix = subsequent if lines or line else indent
+        if line:
+            lines.append(line + mark)
+        if len(prefix) + len(item) <= limit:
+            line = prefix + item
+        else:
+            *full, line = wrap(item, limit, prefix, subsequent)
+            lines += full
+    if line:
+        lines.append(line)
+    return lines
+
+
+def _print(console: Console, lines: Iterable[str | Text], style: str = "") -> None:
+    """Print lines already broken to the console's width (rich must not break them again)."""
+    for line in lines:
+        console.print(line if isinstance(line, Text) else Text(line, style=style), soft_wrap=True)
+
+
+def error_text(result: RequestResult, timeout: float | None = None) -> str:
+    """Why the request failed. In ``probe``, a timeout error, or the cancellation that enforces
+    the deadline of a client without a total timeout (httpx2), is the ``--timeout`` deadline."""
+    error = result.error or "failed"
+    if timeout is not None and ("Timeout" in error or error == "CancelledError"):
+        return f"timed out: the {timeout:g}\u00a0s --timeout deadline ({error})"
+    return error
+
+
+def facts(result: RequestResult) -> list[str]:
+    """The request's facts: first byte (only when one came), first chunk, end, the server's
+    time, the network's share, stream events."""
+    items = []
+    wait = next((t for t in result.timings if t.name == "wait"), None)
+    if wait is not None and result.failed_phase != "wait":
+        items.append(f"first byte {duration(wait.start + wait.duration)}")
+    if result.time_to_first_chunk is not None:
+        items.append(f"first chunk {duration(result.time_to_first_chunk)}")
+    items.append(f"end {duration(result.total)}")
+    if result.server_processing is not None:
+        items.append(f"server {duration(result.server_processing)}")
+    if result.network_overhead is not None:
+        overhead = f"network+edge {duration(result.network_overhead)}"
+        if result.network_overhead < 0:
+            overhead += f" ({CLOCK_NOTE})"
+        items.append(overhead)
+    if result.stream_events is not None:
+        items.append(f"{result.stream_events} events")
+    return items
+
+
+def _bar_line(
+    name: str, label: int, offset: float, length: float, bar: int, color: str, value: float
+) -> Text:
+    """``  name  ····████····  123 ms``: ``offset`` and ``length`` as shares of ``bar``."""
+    start = min(max(round(offset * bar), 0), bar - 1)
+    size = min(max(1, round(length * bar)), bar - start)
+    line = Text(f"  {name:<{label}}")
+    line.append(" " * start)
+    line.append("█" * size if name != "retry.backoff" else "░" * size, style=color)
+    line.append(" " * (bar - start - size))
+    line.append(f"{dur(value):>{VALUE_WIDTH}}")
+    return line
+
+
+def request_block(
+    result: RequestResult,
+    width: int,
+    number: int | None = None,
+    *,
+    window: tuple[float, float] | None = None,
+    label: int = LABEL_WIDTH,
+    rate_limits: bool = True,
+    timeout: float | None = None,
+) -> list[Text]:
+    """One request as lines of at most ``width`` columns: a header (number, status, total,
+    connection, request id), a bar per phase, its facts, its rate-limit headers (unless
+    ``rate_limits`` is False) and why it failed. ``window`` is (start, length) of the time
+    scale in seconds, as ``result.start``; by default the request's own time."""
+    origin, span = window or (result.start, result.total)
+    span = span or 1e-9
+    bar = max(10, width - 2 - label - VALUE_WIDTH - 1)
+    if result.kind == "backoff":
+        colour = PHASE_COLORS["backoff"]
+        offset = (result.start - origin) / span
+        lines = [_bar_line("retry.backoff", label, offset, result.total / span, bar, colour,
+                           result.total)]  # fmt: skip
+        if result.error:
+            lines += [Text(line, style="dim") for line in wrap(f"waiting after {result.error}",
+                                                               width, "  ", "    ")]  # fmt: skip
+        return lines
+    shown = number if number is not None else result.number
+    status = result.status if result.status is not None else result.error or "failed"
+    head = [f"#{shown} {status}" if shown is not None else str(status), dur(result.total)]
+    if result.reused is not None:
+        head.append("pooled" if result.reused else "new connection")
+    if result.resend_count:
+        head.append(f"attempt {result.resend_count + 1}")
+    if result.request_id:
+        head.append(result.request_id)
+    lines = [Text(line, style="bold") for line in pack(head, width, "", "   ", "  ")]
+    for timing in result.timings:
+        offset = (result.start + timing.start - origin) / span
+        lines.append(
+            _bar_line(timing.name, label, offset, timing.duration / span, bar,
+                      PHASE_COLORS[timing.name], timing.duration)
+        )  # fmt: skip
+    lines += [Text(line, style="dim") for line in pack(facts(result), width, "  ", "    ", ", ")]
+    if result.ratelimit and rate_limits:
+        limits = [f"{k.removeprefix('x-ratelimit-')}={v}" for k, v in result.ratelimit.items()]
+        limits[0] = f"rate limit: {limits[0]}"
+        lines += [Text(line, style="dim") for line in pack(limits, width, "  ", "    ", ", ")]
+    if result.error:
+        where = f" in {result.failed_phase}" if result.failed_phase else ""
+        message = f"failed{where}: {error_text(result, timeout)}"
+        lines += [Text(line, style="red") for line in wrap(message, width, "  ", "    ")]
+    return lines
 
 
 def waterfall(
@@ -37,94 +214,107 @@ def waterfall(
     title: str | None = None,
     rate_limits: bool = True,
 ) -> None:
-    """One block per request: a bar per phase on a common time scale, then the facts (and the
-    rate-limit headers, unless ``rate_limits`` is False)."""
+    """One block per request, all on one time scale (from the first start to the last end),
+    numbered in order, with the ``retry.backoff`` waits between attempts."""
+    width = console.width
     if title:
-        console.print(f"\n[bold]{escape(title)}[/bold]")
+        _print(console, wrap(title, width, "", "   "), style="bold")
     if not results:
         return
-    span = max(r.start + r.total for r in results) or 1e-9
-    scale = BAR_WIDTH / span
+    origin = min(r.start for r in results)
+    span = max(r.start + r.total for r in results) - origin
+    label = BACKOFF_LABEL_WIDTH if any(r.kind == "backoff" for r in results) else LABEL_WIDTH
     number = 0
     for result in results:
-        if result.kind == "backoff":
-            line = Text(f"  {'retry.backoff':<13}")
-            start = round(result.start * scale)
-            line.append(
-                " " * start + "░" * max(1, round(result.total * scale)),
-                style=PHASE_COLORS["backoff"],
-            )
-            line.append(f"  {ms(result.total)}  waiting after {result.error}")
-            console.print(line)
-            continue
-        number += 1
-        status = result.status if result.status is not None else result.error or "failed"
-        reused = {True: "pooled", False: "new connection", None: ""}[result.reused]
-        resend = f"  attempt {result.resend_count + 1}" if result.resend_count else ""
-        header = f"#{number} {status}  {ms(result.total)}  {reused}{resend}"
-        if result.request_id:
-            header += f"  {result.request_id}"
-        console.print(Text(header, style="bold"))
-        for timing in result.timings:
-            line = Text(f"  {timing.name:<13}")
-            start = round((result.start + timing.start) * scale)
-            length = max(1, round(timing.duration * scale))
-            line.append(" " * start)
-            line.append("█" * length, style=PHASE_COLORS[timing.name])
-            line.append(" " * max(0, BAR_WIDTH - start - length))
-            line.append(f" {ms(timing.duration):>10}")
-            console.print(line)
-        facts = []
-        if "wait" in result.phases:
-            first_byte = next(t for t in result.timings if t.name == "wait")
-            facts.append(f"first byte {ms(first_byte.start + first_byte.duration)}")
-        if result.time_to_first_chunk is not None:
-            facts.append(f"first chunk {ms(result.time_to_first_chunk)}")
-        facts.append(f"end {ms(result.total)}")
-        if result.server_processing is not None:
-            facts.append(f"server {ms(result.server_processing)}")
-        if result.network_overhead is not None:
-            facts.append(f"network+edge {ms(result.network_overhead)}")
-        if result.stream_events is not None:
-            facts.append(f"{result.stream_events} events")
-        console.print("  " + ", ".join(facts), style="dim")
-        if result.ratelimit and rate_limits:
-            limits = ", ".join(
-                f"{k.removeprefix('x-ratelimit-')}={v}" for k, v in result.ratelimit.items()
-            )
-            console.print(f"  rate limit: {limits}", style="dim")
-        if result.error:
-            where = f" in {result.failed_phase}" if result.failed_phase else ""
-            console.print(f"  failed{where}: {result.error}", style="red")
+        if result.kind == "request":
+            number += 1
+        block = request_block(result, width, number, window=(origin, span), label=label,
+                              rate_limits=rate_limits)  # fmt: skip
+        _print(console, block)
 
 
 def summary_table(summary: dict[str, dict[str, float]], title: str = "percentiles") -> Table:
-    """p50 / p95 / max per phase, total and first chunk."""
+    """p50 / p95 / max per phase, total and first chunk (durations never wrap)."""
     table = Table(title=title, title_justify="left")
-    table.add_column("phase")
+    table.add_column("phase", no_wrap=True)
     for column in ("p50", "p95", "max", "n"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=True)
     for name in (*PHASE_NAMES, "first_chunk", "total"):
         if name in summary:
             row = summary[name]
             table.add_row(
-                name, ms(row["p50"]), ms(row["p95"]), ms(row["max"]), str(int(row["count"]))
+                name, dur(row["p50"]), dur(row["p95"]), dur(row["max"]), str(int(row["count"]))
             )
     return table
 
 
-def comparison_table(summaries: dict[str, dict[str, dict[str, float]]]) -> Table:
-    """Several endpoints side by side: p50 / p95 of the main phases and of the total."""
-    table = Table(title="endpoints compared", title_justify="left")
-    table.add_column("endpoint")
-    columns = [
-        (p, q)
-        for p in ("dns", "connect", "tls", "wait", "first_chunk", "total")
-        for q in ("p50", "p95")
-    ]
-    shown = [(p, q) for p, q in columns if any(p in s for s in summaries.values())]
-    for phase, q in shown:
-        table.add_column(f"{phase} {q}", justify="right")
-    for url, summary in summaries.items():
-        table.add_row(url, *(ms(summary[p][q]) if p in summary else "-" for p, q in shown))
-    return table
+def status_title(name: str, summary: StatusSummary) -> str:
+    """``percentiles, 2xx: 4 requests (200: 4)``."""
+    plural = "s" if summary.requests != 1 else ""
+    return f"percentiles, {name}: {summary.requests} request{plural} ({summary.detail()})"
+
+
+def status_tables(console: Console, results: Sequence[RequestResult]) -> None:
+    """A percentile table per status class (2xx, 4xx, 5xx, failed): a 429 answered at once
+    and a success are not mixed in one percentile."""
+    for name, summary in summarize_by_status(results).items():
+        _print(console, wrap(status_title(name, summary), console.width, "", "  "), "italic")
+        console.print(summary_table(summary.phases, title=""))
+
+
+_COMPARED = [
+    (p, q)
+    for p in ("dns", "connect", "tls", "wait", "first_chunk", "total")
+    for q in ("p50", "p95")
+]
+
+
+def comparison(console: Console, summaries: Mapping[str, dict[str, dict[str, float]]]) -> None:
+    """Several endpoints side by side: a row per phase and percentile, a column per endpoint
+    (numbered ``#1``, ``#2``, ...: a legend under the table maps them to the URLs). As many
+    endpoints per table as the width holds."""
+    urls = list(summaries)
+    rows = [(p, q) for p, q in _COMPARED if any(p in s for s in summaries.values())]
+    per_table = max(1, (console.width - 20) // (VALUE_WIDTH + 3))
+    for first in range(0, len(urls), per_table):
+        chosen = list(enumerate(urls, 1))[first : first + per_table]
+        title = "endpoints compared"
+        if len(urls) > per_table:
+            first_n, last_n = chosen[0][0], chosen[-1][0]
+            title += f" (#{first_n}-#{last_n})" if last_n > first_n else f" (#{first_n})"
+        table = Table()
+        table.add_column("", no_wrap=True)
+        for number, _ in chosen:
+            table.add_column(f"#{number}", justify="right", no_wrap=True)
+        for phase, q in rows:
+            cells = [
+                dur(summaries[u][phase][q]) if phase in summaries[u] else "-" for _, u in chosen
+            ]
+            table.add_row(f"{phase} {q}", *cells)
+        _print(console, wrap(title, console.width), style="italic")
+        console.print(table)
+    legend = [line for n, url in enumerate(urls, 1) for line in wrap(url, console.width,
+                                                                      f"#{n} ", "   ")]  # fmt: skip
+    _print(console, legend)
+
+
+def findings_lines(findings: Sequence[Finding], width: int) -> list[Text]:
+    """The findings, each numbered: its rule and cause with the evidence, the fix, the saving;
+    continuation lines indented. A short line when there is none."""
+    if not findings:
+        return [Text("findings: none, nothing to change on this side was found", style="green")]
+    lines = [Text("findings", style="bold")]
+    for number, finding in enumerate(findings, 1):
+        cause, fix, saving = finding.lines()
+        lead = f"  {number}. "
+        more = " " * len(lead)
+        lines += [Text(line, style="yellow") for line in
+                  wrap(f"{finding.rule}: {cause}", width, lead, more)]  # fmt: skip
+        lines += [Text(line) for line in wrap(fix, width, more, more + "  ")]
+        lines += [Text(line, style="green") for line in wrap(saving, width, more, more + "  ")]
+    return lines
+
+
+def print_findings(console: Console, findings: Sequence[Finding]) -> None:
+    """The findings (:func:`findings_lines`) at the console's width."""
+    _print(console, findings_lines(findings, console.width))

@@ -7,7 +7,8 @@ spans in memory, and reads each request span and its phase children back.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,23 +27,50 @@ from llm_latency.diagnosis.records import (
 )
 from llm_latency.timeline import PHASE_NAMES
 
+#: The number of the request being sent (1, 2, ...), set by the code that sends it: a span
+#: started under it belongs to that request.
+REQUEST_NUMBER: ContextVar[int | None] = ContextVar("llm_latency_request_number", default=None)
+
+#: Told about each finished span, with the number of the request it belongs to (or None).
+Listener = Callable[[ReadableSpan, "int | None"], None]
+
 
 class SpanCollector(SpanProcessor):
-    """Keeps every finished span in memory."""
+    """Keeps every finished span in memory, and tells ``listener`` (when set) about each as it
+    ends. Once :meth:`freeze` is called, spans that end are dropped."""
 
     def __init__(self) -> None:
         self.spans: list[ReadableSpan] = []
         #: What the last ``take()`` returned: the CLI diagnoses the spans ``probe_url`` read.
         self.taken: list[ReadableSpan] = []
+        self.listener: Listener | None = None
+        self._numbers: dict[int, int] = {}
+        self._frozen = False
         self._lock = threading.Lock()
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        """Nothing to do when a span starts."""
+        """Note which request (``REQUEST_NUMBER``) the span belongs to."""
+        number = REQUEST_NUMBER.get()
+        if number is not None:
+            with self._lock:
+                self._numbers[span.context.span_id] = number
 
     def on_end(self, span: ReadableSpan) -> None:
-        """Keep the finished span."""
+        """Keep the finished span and tell the listener."""
+        span_id = span.context.span_id if span.context is not None else 0
         with self._lock:
+            number = self._numbers.pop(span_id, None)
+            if self._frozen:
+                return
             self.spans.append(span)
+            listener = self.listener
+        if listener is not None:
+            listener(span, number)
+
+    def freeze(self) -> None:
+        """Keep no span that ends from now on (the run was stopped: they did not finish)."""
+        with self._lock:
+            self._frozen = True
 
     def take(self) -> list[ReadableSpan]:
         """The spans collected so far, and forget them."""
@@ -83,6 +111,7 @@ class RequestResult:
     failed_phase: str | None = None
     resend_count: int = 0
     kind: str = "request"
+    number: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The JSON form of ``probe --json``."""
@@ -150,9 +179,82 @@ def to_results(spans: Iterable[ReadableSpan]) -> list[RequestResult]:
     return results
 
 
+#: The status classes of :func:`summarize_by_status`, in the order they are shown.
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "failed")
+
+
+def status_class(result: RequestResult) -> str:
+    """``2xx``, ``3xx``, ``4xx``, ``5xx`` (by the response's status), or ``failed``: no
+    response, or one that broke off (an error after the headers, e.g. a timeout mid-stream)."""
+    if result.error is not None or result.status is None:
+        return "failed"
+    return f"{result.status // 100}xx"
+
+
+def succeeded(result: RequestResult) -> bool:
+    """A whole response with a status below 400."""
+    return status_class(result) in ("1xx", "2xx", "3xx")
+
+
 def summarize(results: Sequence[RequestResult]) -> dict[str, dict[str, float]]:
-    """p50, p95 and max of each phase that happened, of the total, and of the first chunk."""
-    requests = [r for r in results if r.kind == "request"]
+    """p50, p95, max and count of each phase that happened, of the total, and of the first
+    chunk, over the requests that succeeded (:func:`succeeded`): a 429 answered at once or a
+    request that failed would pull the percentiles down. See :func:`summarize_by_status`."""
+    return _percentiles([r for r in results if r.kind == "request" and succeeded(r)])
+
+
+@dataclass
+class StatusSummary:
+    """The requests of one status class: how many, per status code (``failed``: per error),
+    and their percentiles (as :func:`summarize`)."""
+
+    requests: int
+    statuses: dict[str, int]
+    phases: dict[str, dict[str, float]]
+
+    def detail(self) -> str:
+        """``200: 3, 201: 1``: the counts, most frequent first."""
+        ordered = sorted(self.statuses.items(), key=lambda kv: (-kv[1], kv[0]))
+        return ", ".join(f"{name}: {count}" for name, count in ordered)
+
+    def as_json(self) -> dict[str, Any]:
+        """``{"requests": N, "statuses": {code or error: N}, "phases": {phase: {p50, p95,
+        max}}}``."""
+        return {
+            "requests": self.requests,
+            "statuses": dict(self.statuses),
+            "phases": {
+                name: {q: row[q] for q in ("p50", "p95", "max")}
+                for name, row in self.phases.items()
+            },
+        }
+
+
+def summarize_by_status(results: Sequence[RequestResult]) -> dict[str, StatusSummary]:
+    """The requests per status class (:func:`status_class`), in :data:`STATUS_CLASSES` order;
+    a failed request counts under its error and the phase it failed in (``TimeoutError in
+    receive``)."""
+    groups: dict[str, list[RequestResult]] = {}
+    for result in results:
+        if result.kind == "request":
+            groups.setdefault(status_class(result), []).append(result)
+    summaries = {}
+    for name in STATUS_CLASSES:
+        members = groups.get(name)
+        if not members:
+            continue
+        counts: dict[str, int] = {}
+        for result in members:
+            key = str(result.status)
+            if name == "failed":
+                key = result.error or "no response"
+                key += f" in {result.failed_phase}" if result.failed_phase else ""
+            counts[key] = counts.get(key, 0) + 1
+        summaries[name] = StatusSummary(len(members), counts, _percentiles(members))
+    return summaries
+
+
+def _percentiles(requests: Sequence[RequestResult]) -> dict[str, dict[str, float]]:
     series: dict[str, list[float]] = {}
     for result in requests:
         for phase in PHASE_NAMES:
