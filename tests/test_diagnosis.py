@@ -30,6 +30,7 @@ from llm_latency.diagnosis import (
     from_readable_spans,
     rules,
 )
+from llm_latency.diagnosis.findings import duration
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
 from tests.test_cli import mock_server
@@ -401,3 +402,46 @@ def test_thresholds_are_documented() -> None:
     missing = [n for n in names if f"`{n}`" not in readme]
     assert not missing, missing
     assert all(rule.__doc__ for rule in rules.RULES)
+
+
+async def test_refused_calls_that_were_not_retried(telemetry: Telemetry, server: LLMServer) -> None:
+    """429s with no retry: the finding says those calls failed, and claims no saving of the
+    few ms a refusal takes."""
+    async with aiohttp.ClientSession() as session:
+        for status in (429, 200, 429, 200):
+            async with session.post(server.url(status=status), json={}) as response:
+                await response.read()
+    found = finding(diagnose(telemetry.spans()), "rate-limits")
+    assert "2 of 4 attempts were rate limited (429) and none was retried" in found.cause
+    assert found.saving is None
+
+
+async def test_the_servers_time_of_refusals_is_not_the_models(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    """Only answered requests say how long the model took: 429s are left out."""
+    await run(3, server.url(wait=0.6))
+    async with aiohttp.ClientSession() as session:
+        for _ in range(4):
+            async with session.post(server.url(status=429), json={}) as response:
+                await response.read()
+    found = finding(diagnose(telemetry.spans()), "server-time")
+    assert found.evidence.count == 3 and found.evidence.p50 >= 0.6
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0005, "500\xa0µs"),
+        (0.0009996, "1.0\xa0ms"),
+        (0.0123, "12.3\xa0ms"),
+        (0.09996, "100\xa0ms"),
+        (0.5, "500\xa0ms"),
+        (0.9996, "1.00\xa0s"),
+        (1.234, "1.23\xa0s"),
+        (150.0, "150\xa0s"),
+    ],
+)
+def test_durations_read_as_people_write_them(seconds: float, text: str) -> None:
+    """A number and its unit, joined by a no-break space; never "1000 ms" for a second."""
+    assert duration(seconds) == text

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.diagnosis import diagnose
 from llm_latency.diagnosis.findings import Finding, duration
 from llm_latency.diagnosis.records import Attempt, Backoff, Call
@@ -53,11 +53,11 @@ def rows(call: Call, origin_ns: int) -> list[Row]:
     for member in members:
         start = _offset(member.start_ns, origin_ns)
         if isinstance(member, Backoff):
-            out.append(Row(1, sc.BACKOFF_SPAN, start, member.duration, _backoff_facts(member)))
+            out.append(Row(1, semconv.BACKOFF_SPAN, start, member.duration, _backoff_facts(member)))
             continue
         out.append(Row(1, _attempt_name(member), start, member.duration, _attempt_facts(member)))
         for phase in member.phases:
-            name = sc.PHASE_SPAN_NAMES[PHASE_NAMES.index(phase.name)]
+            name = semconv.PHASE_SPAN_NAMES[PHASE_NAMES.index(phase.name)]
             out.append(Row(2, name, start + phase.start, phase.duration))
     return out
 

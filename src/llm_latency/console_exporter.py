@@ -26,7 +26,7 @@ from typing import TextIO
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.call_tree import report
 from llm_latency.diagnosis.records import (
     Call,
@@ -86,7 +86,7 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
                     roots.add(record.trace_id)
                 # An HTTP client instrumentation's span wraps an attempt: it is held too, to
                 # find the call's parent above it.
-                if record.scope == sc.SCOPE_NAME or is_http_client_span(record):
+                if record.scope == semconv.SCOPE_NAME or is_http_client_span(record):
                     self._traces.setdefault(record.trace_id, {})[record.span_id] = record
                     self._held += 1
                 else:
@@ -159,7 +159,7 @@ def _members(calls: Sequence[Call], records: dict[str, SpanRecord]) -> set[str]:
     members |= anchors
     for record in records.values():
         is_phase = record.parent_id in attempts
-        is_backoff = record.name == sc.BACKOFF_SPAN and (
+        is_backoff = record.name == semconv.BACKOFF_SPAN and (
             logical_parent_id(record.parent_id, records) in anchors
         )
         if is_phase or is_backoff:

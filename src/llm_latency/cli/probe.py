@@ -33,7 +33,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from llm_latency import semconv as sc
+from llm_latency import semconv
 from llm_latency.cli.errors import CLIError, describe
 from llm_latency.cli.probe_input import ProbeRequest
 from llm_latency.cli.results import REQUEST_NUMBER, RequestResult, SpanCollector
@@ -130,7 +130,7 @@ class Finished:
         while (item := self._queue.get()) is not None:
             span, children, number = item
             record, *own = from_readable_spans([span, *children])
-            if not is_attempt(record, any(sc.PHASE in c.attributes for c in own)):
+            if not is_attempt(record, any(semconv.PHASE in c.attributes for c in own)):
                 continue
             result = RequestResult.of(to_attempt(record, own), self._origin)
             result.number = number

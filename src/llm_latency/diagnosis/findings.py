@@ -20,13 +20,13 @@ def duration(seconds: float) -> str:
     if seconds != seconds:  # NaN
         return "-"
     magnitude = abs(seconds)
-    if magnitude < 0.001:
+    if magnitude < 0.0009995:
         return f"{seconds * 1e6:.0f}{NBSP}µs"
-    if magnitude < 0.1:
+    if magnitude < 0.09995:  # 0.09996 s is "100 ms", not "100.0 ms"
         return f"{seconds * 1000:.1f}{NBSP}ms"
-    if magnitude < 1:
+    if magnitude < 0.9995:  # 0.9996 s is "1.00 s", not "1000 ms"
         return f"{seconds * 1000:.0f}{NBSP}ms"
-    if magnitude < 100:
+    if magnitude < 99.995:
         return f"{seconds:.2f}{NBSP}s"
     return f"{seconds:.0f}{NBSP}s"
 

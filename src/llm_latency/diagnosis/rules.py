@@ -181,7 +181,11 @@ def slow_connect(calls: Sequence[Call]) -> Finding | None:
 
 def server_time(calls: Sequence[Call]) -> Finding | None:
     """The provider's own processing is most of the wait: the model's time, not the network's."""
-    attempts = [a for a in _attempts(calls) if a.server_processing is not None and a.phase("wait")]
+    attempts = [
+        a
+        for a in _attempts(calls)
+        if a.succeeded and a.server_processing is not None and a.phase("wait")
+    ]
     if not attempts:
         return None
     server = [a.server_processing or 0.0 for a in attempts]
@@ -258,15 +262,28 @@ def rate_limits(calls: Sequence[Call]) -> Finding | None:
     backoff = sum(call.backoff_time for call in calls)
     whole = sum(call.duration for call in calls) or 1e-9  # backoffs included
     evidence = Evidence.of("failed attempts + retry.backoff", lost, sum(lost) / whole, len(calls))
-    waited = f"; {duration(backoff)} went to retry.backoff" if backoff > 0 else ""
+    fix = (
+        "limit the request rate on the client side (a token bucket under the provider's "
+        "x-ratelimit-limit-requests) and honour retry-after (the SDKs do; a loop of one's own "
+        "can use llm_latency.retry)"
+    )
+    if not retried:
+        # Refused and not retried: those calls failed. What a limit saves is the failure
+        # itself, not the few ms a 429 takes.
+        return Finding(
+            rule="rate-limits",
+            cause=f"{limited} of {len(attempts)} attempts were rate limited (429) and none was "
+            "retried: those calls failed",
+            evidence=evidence,
+            fix=fix,
+            saving=None,
+        )
     return Finding(
         rule="rate-limits",
         cause=f"{limited} of {len(attempts)} attempts were rate limited (429) and {retried} were "
-        f"retries{waited}",
+        f"retries; {duration(backoff)} went to retry.backoff",
         evidence=evidence,
-        fix="limit the request rate on the client side (a token bucket under the provider's "
-        "x-ratelimit-limit-requests) and honour retry-after (the SDKs do; a loop of one's own "
-        "can use llm_latency.retry)",
+        fix=fix,
         saving=Saving(evidence.p50, evidence.p95, len(lost)),
     )
 
