@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import llm_latency
-from llm_latency.cli.dns_server import LocalDNS
+from llm_latency.testing import LocalDNS
 from tests.servers import LLMServer, llm_server, slow_dns
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_latency.cli.dns_server import LocalDNS
+from llm_latency.testing import LocalDNS
 
 SECRET_RESPONSE_BODY = "response-body-secret-7f3a"
 

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llm_latency.cli.dns_server import LocalDNS
+from llm_latency.testing import LocalDNS
 from tests.bad_servers import BlackHole
 from tests.checks import assert_failed, compare, full_backlog
 from tests.conftest import Telemetry

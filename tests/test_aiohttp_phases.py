@@ -9,8 +9,7 @@ import ssl
 import aiohttp
 import pytest
 
-from llm_latency.cli.dns_server import LocalDNS
-from llm_latency.cli.mock_server import HandshakeDelay
+from llm_latency.testing import HandshakeDelay, LocalDNS
 from tests.checks import SLACK, assert_about, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from llm_latency.cli.dns_server import LocalDNS
 from llm_latency.cli.render import PHASE_COLORS
+from llm_latency.testing import LocalDNS
 from tests.servers import unused_port
 
 CLI = [sys.executable, "-m", "llm_latency.cli"]

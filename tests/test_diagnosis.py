@@ -20,8 +20,6 @@ from aiohttp import web
 
 import llm_latency
 from llm_latency import Finding, diagnose
-from llm_latency.cli.dns_server import LocalDNS
-from llm_latency.cli.mock_server import Profile, running
 from llm_latency.diagnosis import (
     Attempt,
     Call,
@@ -31,6 +29,7 @@ from llm_latency.diagnosis import (
     rules,
 )
 from llm_latency.diagnosis.findings import duration
+from llm_latency.testing import LocalDNS, Profile, running
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
 from tests.test_cli import mock_server

@@ -17,10 +17,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from llm_latency import trace_files
 from llm_latency.cli.commands import cli, run
-from llm_latency.cli.dns_server import LocalDNS
 from llm_latency.diagnosis import calls_from_spans, from_readable_spans
 from llm_latency.diagnosis.findings import NBSP
 from llm_latency.diagnosis.records import Call
+from llm_latency.testing import LocalDNS
 from tests.conftest import Telemetry
 from tests.provider_api import ProviderServer, provider_server
 from tests.servers import LLMServer

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import llm_latency
-from llm_latency.cli.mock_server import HandshakeDelay
+from llm_latency.testing import HandshakeDelay
 from tests.checks import SLACK, assert_about, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.httpx_clients import KINDS, Client

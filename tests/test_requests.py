@@ -14,7 +14,7 @@ from opentelemetry.trace import StatusCode
 from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
-from llm_latency.cli.mock_server import HandshakeDelay
+from llm_latency.testing import HandshakeDelay
 from tests.bad_servers import BlackHole
 from tests.checks import SLACK, assert_about, assert_failed, assert_tiles, compare, full_backlog
 from tests.conftest import Telemetry, seconds

@@ -14,7 +14,6 @@ import click
 from llm_latency.cli.errors import CLIError
 from llm_latency.cli.explain import explain
 from llm_latency.cli.html_report import RunDetails, command_line, html_page
-from llm_latency.cli.mock_server import Profile, log_to_stderr, running
 from llm_latency.cli.probe import CLIENT_NAMES, ProbeOptions, UrlRun, error_lines, probe_url
 from llm_latency.cli.probe_input import (
     DEFAULT_MODEL,
@@ -27,6 +26,7 @@ from llm_latency.cli.probe_output import ProbeOutput
 from llm_latency.cli.redaction import scrub, scrubbed_logging, shown
 from llm_latency.cli.render import make_console
 from llm_latency.cli.telemetry import instrumented
+from llm_latency.testing.mock_server import Profile, log_to_stderr, running
 
 #: The exit code after the reader of the output went away (``| head``): 128 + SIGPIPE, as a
 #: Unix tool killed by SIGPIPE reports in the shell.

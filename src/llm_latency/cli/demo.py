@@ -20,8 +20,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
 import llm_latency
-from llm_latency.cli.dns_server import LocalDNS
-from llm_latency.cli.mock_server import Profile, running
 from llm_latency.cli.pool_view import pool_table, watching
 from llm_latency.cli.render import (
     dur,
@@ -34,6 +32,7 @@ from llm_latency.cli.render import (
 from llm_latency.cli.results import RequestResult, SpanCollector, summarize, to_results
 from llm_latency.cli.telemetry import instrumented, otlp_endpoint
 from llm_latency.diagnosis import Finding, diagnose
+from llm_latency.testing import LocalDNS, Profile, running
 
 HOST = "api.llm-demo.test"
 PROFILE = Profile(ttfb=0.25, tokens_per_second=40.0, tokens=8, tls_delay=0.08, retry_after_ms=300)

@@ -58,19 +58,27 @@ class Evidence:
     p95: float
     count: int
     requests: int
+    #: What ``count`` and ``requests`` count: requests (attempts), or whole calls.
+    unit: str = "requests"
 
     @classmethod
-    def of(cls, phase: str, values: Sequence[float], share: float, requests: int) -> Evidence:
-        """Evidence from the per-request ``values`` of ``phase``."""
-        return cls(
-            phase, share, percentile(values, 50), percentile(values, 95), len(values), requests
-        )
+    def of(
+        cls,
+        phase: str,
+        values: Sequence[float],
+        share: float,
+        requests: int,
+        unit: str = "requests",
+    ) -> Evidence:
+        """Evidence from the per-request (or per-call) ``values`` of ``phase``."""
+        p50, p95 = percentile(values, 50), percentile(values, 95)
+        return cls(phase, share, p50, p95, len(values), requests, unit)
 
     def text(self) -> str:
         """``http.queue: 38% of the time, p50 820 ms, p95 1.20 s, 30 of 40 requests``."""
         return (
             f"{self.phase}: {percent(self.share)} of the time, p50{NBSP}{duration(self.p50)}, "
-            f"p95{NBSP}{duration(self.p95)}, {self.count} of {self.requests} requests"
+            f"p95{NBSP}{duration(self.p95)}, {self.count} of {self.requests} {self.unit}"
         )
 
 

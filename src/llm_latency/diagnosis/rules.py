@@ -261,7 +261,9 @@ def rate_limits(calls: Sequence[Call]) -> Finding | None:
         return None
     backoff = sum(call.backoff_time for call in calls)
     whole = sum(call.duration for call in calls) or 1e-9  # backoffs included
-    evidence = Evidence.of("failed attempts + retry.backoff", lost, sum(lost) / whole, len(calls))
+    evidence = Evidence.of(
+        "failed attempts + retry.backoff", lost, sum(lost) / whole, len(calls), unit="calls"
+    )
     fix = (
         "limit the request rate on the client side (a token bucket under the provider's "
         "x-ratelimit-limit-requests) and honour retry-after (the SDKs do; a loop of one's own "
