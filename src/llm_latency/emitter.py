@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, MutableMapping
+from contextvars import Token
 from typing import Any
 
-from opentelemetry import propagate, trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 from opentelemetry.trace import (
@@ -231,6 +232,34 @@ class Emitter:
             return LogicalCall(own_backoffs=own_backoffs)
         span = self._tracer.start_span(name, kind=_INTERNAL, attributes=attributes)
         return LogicalCall(span, own_backoffs=own_backoffs)
+
+    def enter_call(self, call: LogicalCall) -> Token[Context] | None:
+        """Make ``call``'s span (if it has one) the current span, for its attempts and the
+        program's own spans; :meth:`exit_call` with what this returns undoes it."""
+        if call.span is None:
+            return None
+        return context.attach(set_span_in_context(call.span))
+
+    @staticmethod
+    def exit_call(attached: Token[Context] | None) -> None:
+        """Undo :meth:`enter_call`."""
+        if attached is not None:
+            context.detach(attached)
+
+    @staticmethod
+    def end_backoff(span: Span, interrupted: BaseException | None = None) -> None:
+        """The wait is over, or was cut short by ``interrupted`` (the span says so)."""
+        if interrupted is not None:
+            span.set_status(Status(StatusCode.ERROR, error_type(interrupted)))
+            span.record_exception(interrupted)
+        span.end()
+
+    @staticmethod
+    def abandon_call(call: LogicalCall) -> None:
+        """End the call's span now, once, whatever its attempts do (a fault in the plugin)."""
+        span = call.span
+        if span is not None and span.is_recording():
+            span.end()
 
     def close_call(self, call: LogicalCall, error: BaseException | None = None) -> None:
         """The operation returned (or raised). Its span ends now, or when its last attempt

@@ -21,9 +21,8 @@ from collections.abc import Callable, Mapping
 from contextvars import Token
 from typing import Any, TypeVar, cast
 
-from opentelemetry import context, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.headers import retry_after as parse_retry_after
@@ -169,13 +168,14 @@ class _Run:
         self._emitter = _emitter()
         self.call = LogicalCall(own_backoffs=True)
         self._attached: Token[Context] | None = None
+        self._exit_call: Callable[[Token[Context] | None], None] | None = None
         self._backoff: Span | None = None
         if self._emitter is not None:
             try:
                 self.call = self._emitter.open_call(name, {}, own_backoffs=True)
-                span = self.call.span
-                if span is not None:
-                    self._attached = context.attach(trace.set_span_in_context(span))
+                self._attached = self._emitter.enter_call(self.call)
+                # Left even after a fault: the call's span stays current until it returns.
+                self._exit_call = self._emitter.exit_call
             except Exception:
                 self._fault("opening the call")
         self._token = current_call.set(self.call)
@@ -184,10 +184,8 @@ class _Run:
         emitter, self._emitter = self._emitter, None  # untraced from here on
         if emitter is not None:
             emitter.failed_once(f"llm_latency.retry {what}")
-        span = self.call.span
-        with contextlib.suppress(Exception):  # the call's span still ends, once
-            if span is not None and span.is_recording():
-                span.end()
+            with contextlib.suppress(Exception):  # the call's span still ends, once
+                emitter.abandon_call(self.call)
 
     def attempt(self, number: int) -> None:
         """Attempt ``number`` (from 0) starts."""
@@ -211,13 +209,10 @@ class _Run:
     def waited(self, interrupted: BaseException | None = None) -> None:
         """The wait is over (or was cut short by ``interrupted``)."""
         span, self._backoff = self._backoff, None
-        if span is None:
+        if span is None or self._emitter is None:
             return
         try:
-            if interrupted is not None:
-                span.set_status(Status(StatusCode.ERROR, type(interrupted).__qualname__))
-                span.record_exception(interrupted)
-            span.end()
+            self._emitter.end_backoff(span, interrupted)
         except Exception:
             self._fault("ending a backoff")
 
@@ -225,8 +220,8 @@ class _Run:
         """The decorated call returned or raised."""
         current_call.reset(self._token)
         try:
-            if self._attached is not None:
-                context.detach(self._attached)
+            if self._exit_call is not None:
+                self._exit_call(self._attached)
             if self._emitter is not None:
                 self._emitter.close_call(self.call, error)
         except Exception:

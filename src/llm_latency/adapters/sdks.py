@@ -12,9 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry import context
-from opentelemetry.trace import set_span_in_context
-
 from llm_latency import semconv
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
 from llm_latency.calls import LogicalCall, current_call
@@ -58,13 +55,11 @@ class SdkAdapter:
         name = f"{self.name} {method} {getattr(options, 'url', '')}".strip()
         call = self._emitter.open_call(name, {semconv.SDK: self.name})
         token = current_call.set(call)
-        attached = context.attach(set_span_in_context(call.span)) if call.span else None
-        return call, token, attached
+        return call, token, self._emitter.enter_call(call)
 
     def _exit(self, state: _State, error: BaseException | None) -> None:
         call, token, attached = state
-        if attached is not None:
-            context.detach(attached)
+        self._emitter.exit_call(attached)
         current_call.reset(token)
         self._emitter.close_call(call, error)
 
