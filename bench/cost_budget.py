@@ -19,8 +19,10 @@ Parts:
   calls they make: ``traceparent`` injection, context);
 - Timeline: recording phase boundaries;
 - request span start: ``Emitter.start`` (span creation, attributes known at the start);
-- request span end: ending the span, its status, and the facts read from the Timeline;
-- attributes: the response attributes set at the end (headers selected, facts);
+- request span end: ending the span and its status, and the rest of ending an attempt;
+- facts: what the finished Timeline says (headers selected and parsed, server time, overhead,
+  lag, stream facts, error type);
+- attributes: naming those facts as the request span's attributes, and setting them;
 - phase spans: one finished span per phase;
 - metric records: every histogram and counter record, exemplars included (and, of those, the
   exemplar sampling alone);
@@ -147,7 +149,15 @@ def is_phase_record(key: Key) -> bool:
 
 
 def is_metrics(key: Key) -> bool:
-    return _named(key, "emitter.py", "_record_metrics") or is_phase_record(key)
+    return _named(key, "metrics.py", "record") or is_phase_record(key)
+
+
+def is_facts(key: Key) -> bool:
+    return _named(key, "facts.py", "read_facts")
+
+
+def is_attributes(key: Key) -> bool:
+    return _named(key, "emitter.py", "_attributes")
 
 
 def is_emit(key: Key) -> bool:
@@ -166,12 +176,8 @@ def is_set_attributes(key: Key) -> bool:
     return is_otel(key) and key[2] == "set_attributes"
 
 
-def is_headers(key: Key) -> bool:
-    return _in(key, "headers.py")
-
-
 def is_emitted_elsewhere(key: Key) -> bool:
-    return is_phases(key) or is_metrics(key) or is_calls(key)
+    return is_phases(key) or is_metrics(key) or is_calls(key) or is_facts(key)
 
 
 def budget(profile: Profile) -> dict[str, float]:
@@ -190,8 +196,9 @@ def budget(profile: Profile) -> dict[str, float]:
     )
     parts["metric records"] = profile.inclusive(is_metrics)
     parts["  of which exemplars"] = profile.inclusive(is_exemplar)
-    parts["attributes"] = profile.calls_from(is_emit, is_set_attributes) + profile.calls_from(
-        is_emit, is_headers
+    parts["facts"] = profile.inclusive(is_facts)
+    parts["attributes"] = profile.calls_from(is_emit, is_set_attributes) + profile.inclusive(
+        is_attributes
     )
     emit = profile.inclusive(is_emit)
     finish_own = profile.inclusive(is_finish) - emit - profile.calls_from(is_finish, is_lag)
