@@ -25,6 +25,28 @@ def assert_about(value: float, expected: float) -> None:
     assert expected - EARLY <= value <= expected + SLACK, (value, expected)
 
 
+#: How late a hook may observe a phase boundary on a loaded machine (its callback waits for the
+#: loop or the thread to run): a phase whose start is seen late looks that much shorter.
+OBSERVED_LATE = 0.05
+
+
+def assert_server_phases(phases: dict[str, ReadableSpan], wait: float, receive: float) -> None:
+    """The server waited ``wait`` before its first byte and took ``receive`` to send the rest.
+    From the start of the send, neither can end sooner (the server's clock started when the
+    request reached it); each phase alone is about its delay, give or take a boundary observed
+    late, and never much longer."""
+    send_start = phases["send"].start_time
+    wait_end, receive_end = phases["wait"].end_time, phases["receive"].end_time
+    assert send_start is not None and wait_end is not None and receive_end is not None
+    assert_about((wait_end - send_start) / 1e9, wait)
+    assert_about((receive_end - send_start) / 1e9, wait + receive)
+    for name, expected in (("wait", wait), ("receive", receive)):
+        span = phases[name]
+        assert span.start_time is not None and span.end_time is not None
+        duration = (span.end_time - span.start_time) / 1e9
+        assert expected - OBSERVED_LATE <= duration <= expected + SLACK, (name, duration)
+
+
 def assert_tiles(telemetry: Telemetry) -> None:
     """Phases are in order, do not overlap, and lie within their request span (this runs after
     every test too; calling it in a test checks at that point)."""

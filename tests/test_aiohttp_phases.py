@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from llm_latency.testing import HandshakeDelay, LocalDNS
-from tests.checks import SLACK, assert_about, assert_tiles
+from tests.checks import SLACK, assert_about, assert_server_phases, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer
 
@@ -29,8 +29,7 @@ async def test_fresh_connection_has_dns_connect_send_wait_receive(
     phases = telemetry.phases(request)
     assert set(phases) == {"dns", "connect", "send", "wait", "receive"}
     assert_about(seconds(phases["dns"]), 0.2)
-    assert_about(seconds(phases["wait"]), 0.3)
-    assert_about(seconds(phases["receive"]), 0.3)
+    assert_server_phases(phases, wait=0.3, receive=0.3)
     assert seconds(phases["connect"]) < SLACK
     assert_about(seconds(request), 0.8)
     assert request.name == "POST /v1/chat/completions"

@@ -12,7 +12,7 @@ from opentelemetry.trace import StatusCode
 
 import llm_latency
 from llm_latency.testing import HandshakeDelay
-from tests.checks import SLACK, assert_about, assert_tiles
+from tests.checks import SLACK, assert_about, assert_server_phases, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.httpx_clients import KINDS, Client
 from tests.servers import LLMServer
@@ -30,8 +30,7 @@ async def test_fresh_connection_phases(telemetry: Telemetry, server: LLMServer, 
     phases = telemetry.phases(request)
     # "localhost" resolves from /etc/hosts: quick, but a lookup all the same.
     assert set(phases) == {"dns", "connect", "send", "wait", "receive"}
-    assert_about(seconds(phases["wait"]), 0.3)
-    assert_about(seconds(phases["receive"]), 0.3)
+    assert_server_phases(phases, wait=0.3, receive=0.3)
     assert_about(seconds(request), 0.6)
     assert request.name == "POST /v1/chat/completions"
     attrs = request.attributes

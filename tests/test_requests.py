@@ -16,7 +16,15 @@ from urllib3.util import Retry
 
 from llm_latency.testing import HandshakeDelay
 from tests.bad_servers import BlackHole
-from tests.checks import SLACK, assert_about, assert_failed, assert_tiles, compare, full_backlog
+from tests.checks import (
+    SLACK,
+    assert_about,
+    assert_failed,
+    assert_server_phases,
+    assert_tiles,
+    compare,
+    full_backlog,
+)
 from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer, unused_port
 
@@ -36,8 +44,7 @@ async def test_fresh_then_pooled(telemetry: Telemetry, server: LLMServer) -> Non
     first, second = telemetry.requests()
     phases = telemetry.phases(first)
     assert set(phases) == {"dns", "connect", "send", "wait", "receive"}
-    assert_about(seconds(phases["wait"]), 0.3)
-    assert_about(seconds(phases["receive"]), 0.3)
+    assert_server_phases(phases, wait=0.3, receive=0.3)
     assert set(telemetry.phases(second)) == {"send", "wait", "receive"}
     attrs = first.attributes
     assert attrs is not None
