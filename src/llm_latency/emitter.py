@@ -200,17 +200,17 @@ class Emitter:
         retry_after: float | None,
         host: str,
         start_epoch_ns: int | None = None,
-        context: Context | None = None,
+        parent: Context | None = None,
     ) -> Span:
         """Start a ``retry.backoff`` span (the caller ends it) and count the retry. Its parent:
-        ``context``'s span, by default the current one."""
+        ``parent``'s span, by default the current one."""
         attributes: dict[str, Any] = {semconv.BACKOFF_REASON: reason or "unknown"}
         if retry_after is not None:
             attributes[semconv.BACKOFF_RETRY_AFTER] = retry_after
         self.metrics.retry(host, reason)
         return self._tracer.start_span(
             semconv.BACKOFF_SPAN,
-            context=context,
+            context=parent,
             kind=_INTERNAL,
             attributes=attributes,
             start_time=start_epoch_ns,
