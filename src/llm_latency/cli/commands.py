@@ -8,10 +8,11 @@ import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import click
 
-from llm_latency.cli.errors import CLIError
+from llm_latency.cli.errors import CLIError, OutputGone
 from llm_latency.cli.explain import explain
 from llm_latency.cli.html_report import RunDetails, command_line, html_page
 from llm_latency.cli.probe import CLIENT_NAMES, ProbeOptions, UrlRun, error_lines, probe_url
@@ -33,7 +34,17 @@ from llm_latency.testing.mock_server import Profile, log_to_stderr, running
 BROKEN_PIPE_EXIT = 141
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group; a broken pipe in any command reaches :func:`run` as OutputGone."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise OutputGone from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="llm-latency")
 def cli() -> None:
     """Where did the time of an LLM API call go? DNS, TCP, TLS, the server, or the stream."""
@@ -301,7 +312,7 @@ def run(argv: list[str]) -> int:
     except (click.Abort, KeyboardInterrupt):
         sys.stderr.write("llm-latency: interrupted\n")
         return 130
-    except BrokenPipeError:
+    except (BrokenPipeError, OutputGone):
         _drop_stdout()
         return BROKEN_PIPE_EXIT
     except Exception as exc:

@@ -9,6 +9,11 @@ from urllib.parse import urlsplit
 from llm_latency.cli.redaction import scrub
 
 
+class OutputGone(Exception):
+    """The reader of the output went away (``| head``). Not an ``OSError``: click's own
+    handling of a broken pipe (which exits with 1, or not at all, by version) never sees it."""
+
+
 class CLIError(Exception):
     """A problem to report to the user as one line, then exit non-zero. With ``raw=True``
     the message is printed as it is (already one formatted line per problem)."""
