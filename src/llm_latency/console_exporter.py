@@ -33,6 +33,7 @@ from llm_latency.diagnosis.records import (
     SpanRecord,
     calls_from_spans,
     from_readable_spans,
+    is_backoff,
     is_http_client_span,
     logical_parent_id,
 )
@@ -159,9 +160,7 @@ def _members(calls: Sequence[Call], records: dict[str, SpanRecord]) -> set[str]:
     members |= anchors
     for record in records.values():
         is_phase = record.parent_id in attempts
-        is_backoff = record.name == semconv.BACKOFF_SPAN and (
-            logical_parent_id(record.parent_id, records) in anchors
-        )
-        if is_phase or is_backoff:
+        of_a_call = is_backoff(record) and logical_parent_id(record.parent_id, records) in anchors
+        if is_phase or of_a_call:
             members.add(record.span_id)
     return members

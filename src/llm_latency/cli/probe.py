@@ -33,11 +33,10 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from llm_latency import semconv
 from llm_latency.cli.errors import CLIError, describe
 from llm_latency.cli.probe_input import ProbeRequest
-from llm_latency.cli.results import REQUEST_NUMBER, RequestResult, SpanCollector
-from llm_latency.diagnosis.records import from_readable_spans, is_attempt, to_attempt
+from llm_latency.cli.results import REQUEST_NUMBER, RequestResult, SpanCollector, result_of
+from llm_latency.diagnosis.records import from_readable_spans
 
 CLIENT_NAMES = ("aiohttp", "httpx2", "requests")
 #: The shortest socket timeout set once the deadline is near or past: 0 would make the
@@ -130,9 +129,9 @@ class Finished:
         while (item := self._queue.get()) is not None:
             span, children, number = item
             record, *own = from_readable_spans([span, *children])
-            if not is_attempt(record, any(semconv.PHASE in c.attributes for c in own)):
+            result = result_of(record, own, self._origin)
+            if result is None:
                 continue
-            result = RequestResult.of(to_attempt(record, own), self._origin)
             result.number = number
             self.results.append(result)
             if self._emit is None or self.broken or self._failure is not None:

@@ -15,13 +15,14 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from llm_latency import semconv
 from llm_latency.diagnosis.findings import percentile
 from llm_latency.diagnosis.records import (
     Attempt,
     SpanRecord,
+    children_by_parent,
     from_readable_spans,
     is_attempt,
+    is_backoff,
     to_attempt,
     to_backoff,
 )
@@ -143,25 +144,30 @@ class RequestResult:
         )
 
 
+def result_of(
+    span: SpanRecord, children: Sequence[SpanRecord], origin_ns: int
+) -> RequestResult | None:
+    """The result of a request span and its phase ``children``; None for any other span."""
+    if not is_attempt(span, children):
+        return None
+    return RequestResult.of(to_attempt(span, children), origin_ns)
+
+
 def to_results(spans: Iterable[ReadableSpan]) -> list[RequestResult]:
     """Request spans (and ``retry.backoff`` spans) with their phases, in start order."""
     records = sorted(from_readable_spans(spans), key=lambda s: s.start_ns)
-    children: dict[str, list[SpanRecord]] = {}
-    for record in records:
-        if record.parent_id is not None:
-            children.setdefault(record.parent_id, []).append(record)
-    chosen = []
-    for record in records:
-        own = children.get(record.span_id, [])
-        if record.name == semconv.BACKOFF_SPAN and record.kind == "INTERNAL":
-            chosen.append((record, own, True))
-        elif is_attempt(record, any(semconv.PHASE in c.attributes for c in own)):
-            chosen.append((record, own, False))
-    origin = chosen[0][0].start_ns if chosen else 0
+    children = children_by_parent(records)
+    chosen = [
+        record
+        for record in records
+        if is_backoff(record) or is_attempt(record, children.get(record.span_id, []))
+    ]
+    origin = chosen[0].start_ns if chosen else 0
     results = []
-    for record, own, is_backoff in chosen:
-        if not is_backoff:
-            results.append(RequestResult.of(to_attempt(record, own), origin))
+    for record in chosen:
+        if not is_backoff(record):
+            attempt = to_attempt(record, children.get(record.span_id, []))
+            results.append(RequestResult.of(attempt, origin))
             continue
         backoff = to_backoff(record)
         results.append(

@@ -174,15 +174,31 @@ def _header(attributes: Mapping[str, Any], name: str) -> str | None:
     return _first(attributes.get(f"http.response.header.{name}"))
 
 
-def is_attempt(span: SpanRecord, has_phases: bool) -> bool:
+def children_by_parent(spans: Iterable[SpanRecord]) -> dict[str, list[SpanRecord]]:
+    """Each span's children, by the parent's id."""
+    children: dict[str, list[SpanRecord]] = {}
+    for span in spans:
+        if span.parent_id is not None:
+            children.setdefault(span.parent_id, []).append(span)
+    return children
+
+
+def is_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> bool:
     """True for llm-latency's request span: a span of its scope with ``url.full`` (CLIENT, or
     INTERNAL under another instrumentation's CLIENT span for the same request). When the scope
-    is not known, a span with ``url.full`` and phase children or llm-latency's attributes."""
+    is not known, a span with ``url.full`` and phase ``children`` or llm-latency's attributes."""
     if semconv.URL_FULL not in span.attributes:
         return False
     if span.scope is not None:
         return span.scope == semconv.SCOPE_NAME
-    return has_phases or any(key.startswith("llm_latency.") for key in span.attributes)
+    return any(semconv.PHASE in child.attributes for child in children) or any(
+        key.startswith("llm_latency.") for key in span.attributes
+    )
+
+
+def is_backoff(span: SpanRecord) -> bool:
+    """True for a ``retry.backoff`` span."""
+    return span.name == semconv.BACKOFF_SPAN and span.kind == "INTERNAL"
 
 
 def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
@@ -255,18 +271,14 @@ def calls_from_spans(spans: Iterable[SpanRecord]) -> list[Call]:
     """
     spans = list(spans)
     by_id = {s.span_id: s for s in spans}
-    children: dict[str, list[SpanRecord]] = {}
-    for span in spans:
-        if span.parent_id is not None:
-            children.setdefault(span.parent_id, []).append(span)
+    children = children_by_parent(spans)
     members: list[tuple[int, str | None, Attempt | Backoff]] = []
     for span in spans:
-        if span.name == semconv.BACKOFF_SPAN and span.kind == "INTERNAL":
+        if is_backoff(span):
             members.append((span.start_ns, span.parent_id, to_backoff(span)))
             continue
         own = children.get(span.span_id, [])
-        has_phases = any(semconv.PHASE in child.attributes for child in own)
-        if is_attempt(span, has_phases):
+        if is_attempt(span, own):
             members.append((span.start_ns, span.parent_id, to_attempt(span, own)))
     members.sort(key=lambda m: m[0])
     calls: list[Call] = []
