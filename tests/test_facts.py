@@ -70,7 +70,7 @@ def test_an_exception_names_the_phase_it_interrupted() -> None:
 
 def test_a_streams_facts() -> None:
     timeline = Timeline("POST", "http://api.llm.test/v1/chat/completions")
-    timeline.sse = SSECounter()
+    timeline.stream = SSECounter()
     timeline.begin(RECEIVE)
     for _ in range(3):
         timeline.chunk(b"data: {}\n\n")

@@ -57,8 +57,7 @@ def read_facts(
     found: dict[str, list[str]] = {}
     if timeline.response_headers is not None and wanted:
         found = headers.select(timeline.response_headers, wanted)
-    processing_ms = headers.parse_number(headers.first(found, headers.PROCESSING_MS_HEADER))
-    processing = None if processing_ms is None else processing_ms / 1000.0
+    processing = headers.server_time(found)
     window = send_to_first_byte(timeline)
 
     lag_total: float | None = None
@@ -75,9 +74,9 @@ def read_facts(
         overhead = window - processing - wait_lag
 
     first_chunk = events = max_gap = None
-    if timeline.sse is not None and timeline.first_chunk_ns:
+    if timeline.stream is not None and timeline.first_chunk_ns:
         first_chunk = (timeline.first_chunk_ns - timeline.start_ns) / 1e9
-        events = timeline.sse.events
+        events = timeline.stream.events
         max_gap = timeline.max_gap_ns / 1e9
 
     status = timeline.status_code

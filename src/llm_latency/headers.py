@@ -19,37 +19,25 @@ from opentelemetry.util.http import (
     get_custom_headers,
 )
 
+from llm_latency import providers
+
 _logger = logging.getLogger(__name__)
 
-REQUEST_ID_HEADERS: Final = ("x-request-id", "request-id")
-PROCESSING_MS_HEADER: Final = "openai-processing-ms"
-RATELIMIT_REMAINING_HEADERS: Final = {
-    "x-ratelimit-remaining-requests": "requests",
-    "x-ratelimit-remaining-tokens": "tokens",
-}
-#: When each remaining count above is reset (OpenAI's durations: ``1s``, ``6m0s``, ``20ms``).
-RATELIMIT_RESET_HEADERS: Final = {
-    "requests": "x-ratelimit-reset-requests",
-    "tokens": "x-ratelimit-reset-tokens",
-}
+REQUEST_ID_HEADERS: Final = providers.REQUEST_ID_HEADERS
+#: Remaining-budget headers and the kind of budget each counts (``requests``, ``tokens``, ...).
+RATELIMIT_REMAINING_HEADERS: Final = providers.RATELIMIT_REMAINING_HEADERS
+#: The header that says when a remaining header's window resets, by remaining header.
+RATELIMIT_RESET_HEADERS: Final = providers.RATELIMIT_RESET_HEADERS
+#: Request headers that number an SDK's attempts.
+RETRY_COUNT_HEADERS: Final = providers.RETRY_COUNT_HEADERS
 _DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SERVER_TIMING_DUR: Final = re.compile(r";\s*dur=([0-9.]+)", re.IGNORECASE)
+_ATTEMPT: Final = re.compile(r"attempt=(\d+)")
 
-#: Captured by default: request ids, server timing, model, rate-limit state and retry hints.
-DEFAULT_RESPONSE_HEADERS: Final[tuple[str, ...]] = (
-    *REQUEST_ID_HEADERS,
-    PROCESSING_MS_HEADER,
-    "openai-model",
-    "x-ratelimit-limit-requests",
-    "x-ratelimit-limit-tokens",
-    "x-ratelimit-remaining-requests",
-    "x-ratelimit-remaining-tokens",
-    "x-ratelimit-reset-requests",
-    "x-ratelimit-reset-tokens",
-    "retry-after",
-    "retry-after-ms",
-    "x-should-retry",
-)
+#: Captured by default: request ids, server timing, model, rate-limit state and retry hints of
+#: every provider profile.
+DEFAULT_RESPONSE_HEADERS: Final[tuple[str, ...]] = providers.DEFAULT_RESPONSE_HEADERS
 
 #: Never captured, whatever the configuration says.
 SENSITIVE_HEADERS: Final = frozenset(
@@ -170,3 +158,49 @@ def parse_number(value: str | None) -> float | None:
     if number != number or number in (float("inf"), float("-inf")):
         return None
     return number
+
+
+def server_time(found: Mapping[str, list[str]]) -> float | None:
+    """Seconds the provider says it spent on the request, from the first server-time header
+    of the provider profiles present in ``found``; None when none is there or readable."""
+    for name, kind in providers.SERVER_TIME_HEADERS:
+        value = first(found, name)
+        if value is None:
+            continue
+        if kind == providers.SERVER_TIMING:
+            durations = [float(d) for d in _SERVER_TIMING_DUR.findall(value)]
+            number = max(durations) if durations else None
+            kind = providers.MILLISECONDS
+        else:
+            number = parse_number(value)
+        if number is not None and number >= 0:
+            return number / 1000.0 if kind == providers.MILLISECONDS else number
+    return None
+
+
+def parse_reset(value: str | None) -> float | None:
+    """Seconds until a rate-limit window resets: a duration (``parse_duration``) or an
+    RFC 3339 timestamp (Anthropic's); None when absent, unreadable or past."""
+    seconds = parse_duration(value)
+    if seconds is not None or value is None:
+        return seconds
+    try:
+        when = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    left = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    return left if left >= 0 else None
+
+
+def resend_count(value: str | bytes) -> int:
+    """The resend count a retry-count request header gives: ``x-stainless-retry-count: N``
+    is N; botocore's ``amz-sdk-request: attempt=N; max=M`` is N - 1. 0 when unreadable."""
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    match = _ATTEMPT.search(text)
+    try:
+        count = int(match.group(1)) - 1 if match else int(text)
+    except ValueError:
+        return 0
+    return max(count, 0)

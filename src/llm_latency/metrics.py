@@ -197,8 +197,9 @@ class AttemptMetrics:
         for header, kind in headers.RATELIMIT_REMAINING_HEADERS.items():
             remaining = headers.parse_number(headers.first(found, header))
             if remaining is not None:
-                reset = headers.first(found, headers.RATELIMIT_RESET_HEADERS[kind])
-                self.ratelimit(host, kind, remaining, headers.parse_duration(reset))
+                reset_header = headers.RATELIMIT_RESET_HEADERS[header]
+                reset = None if reset_header is None else headers.first(found, reset_header)
+                self.ratelimit(host, kind, remaining, headers.parse_reset(reset))
 
     def retry(self, host: str, reason: str | None) -> None:
         """One attempt was retried, because of ``reason`` (a status code or an error type)."""

@@ -12,13 +12,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from llm_latency.sse import SSECounter
-
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from llm_latency.calls import LogicalCall
     from llm_latency.event_loop import LoopLagMonitor
+    from llm_latency.streams import StreamCounter
 
 QUEUE: Final = 0
 DNS: Final = 1
@@ -71,9 +70,9 @@ class Timeline:
         "response_headers",
         "reused",
         "span",
-        "sse",
         "start_ns",
         "status_code",
+        "stream",
         "url",
     )
 
@@ -102,7 +101,7 @@ class Timeline:
         self.max_gap_ns = 0
         self.chunks = 0
         self.bytes_received = 0
-        self.sse: SSECounter | None = None
+        self.stream: StreamCounter | None = None  # counts a streamed body's events
         self.call: LogicalCall | None = None  # the logical call of this attempt, if any
         self.loop_monitor: LoopLagMonitor | None = None  # its event loop's (async clients)
 
@@ -184,9 +183,9 @@ class Timeline:
         self.last_chunk_ns = now
         self.chunks += 1
         self.bytes_received += len(data)
-        sse = self.sse
-        if sse is not None:
-            sse.feed(data)
+        stream = self.stream
+        if stream is not None:
+            stream.feed(data)
 
     # -- end ----------------------------------------------------------------------------------
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from opentelemetry.util.http import PARAMS_TO_REDACT, remove_url_credentials
+
+from llm_latency.providers import ROUTES
 
 REDACTED: Final = "REDACTED"
 
@@ -34,46 +35,15 @@ SECRET_QUERY_PARAMS: Final = frozenset(
     )
 )
 
-# Known LLM API routes: a pattern on the path and the template reported for it. A leading
-# prefix (a gateway's base path such as "/openai") is allowed before "/v1".
-_ROUTES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
-    (re.compile(pattern), template)
-    for pattern, template in (
-        (r"(?:^|/)v1/chat/completions/?$", "/v1/chat/completions"),
-        (r"(?:^|/)v1/completions/?$", "/v1/completions"),
-        (r"(?:^|/)v1/responses/?$", "/v1/responses"),
-        (r"(?:^|/)v1/responses/[^/]+/?$", "/v1/responses/{response_id}"),
-        (r"(?:^|/)v1/messages/?$", "/v1/messages"),
-        (r"(?:^|/)v1/messages/count_tokens/?$", "/v1/messages/count_tokens"),
-        (r"(?:^|/)v1/messages/batches/?$", "/v1/messages/batches"),
-        (r"(?:^|/)v1/complete/?$", "/v1/complete"),
-        (r"(?:^|/)v1/embeddings/?$", "/v1/embeddings"),
-        (r"(?:^|/)v1/moderations/?$", "/v1/moderations"),
-        (r"(?:^|/)v1/models/?$", "/v1/models"),
-        (r"(?:^|/)v1/audio/transcriptions/?$", "/v1/audio/transcriptions"),
-        (r"(?:^|/)v1/audio/speech/?$", "/v1/audio/speech"),
-        (r"(?:^|/)v1/images/generations/?$", "/v1/images/generations"),
-        (r"(?:^|/)v1/batches/?$", "/v1/batches"),
-        (
-            r"(?:^|/)openai/deployments/[^/]+/chat/completions/?$",
-            "/openai/deployments/{deployment}/chat/completions",
-        ),
-        (
-            r"(?:^|/)openai/deployments/[^/]+/embeddings/?$",
-            "/openai/deployments/{deployment}/embeddings",
-        ),
-        (r"(?:^|/)api/chat/?$", "/api/chat"),
-        (r"(?:^|/)api/generate/?$", "/api/generate"),
-    )
-)
-
 
 @lru_cache(maxsize=512)
 def route_template(path: str) -> str | None:
-    """The ``url.template`` of a known LLM route, or None."""
-    for pattern, template in _ROUTES:
-        if pattern.search(path):
-            return template
+    """The ``url.template`` of a route of a known provider (:mod:`llm_latency.providers`), or
+    None."""
+    for pattern, template in ROUTES:
+        match = pattern.search(path)
+        if match:
+            return match.expand(template) if "\\" in template else template
     return None
 
 

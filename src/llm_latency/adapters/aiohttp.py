@@ -34,8 +34,9 @@ from aiohttp.client_exceptions import ClientConnectionError
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import is_ip_literal
 from llm_latency.emitter import Emitter
+from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolRow
-from llm_latency.sse import SSECounter
+from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import (
     CONNECT,
@@ -49,7 +50,6 @@ from llm_latency.timeline import (
     clock_ns,
 )
 
-RETRY_COUNT_HEADER: Final = "x-stainless-retry-count"
 _TIMELINE_ATTR: Final = "_llm_latency_timeline"
 
 _SESSION: Final = "aiohttp.client:ClientSession"
@@ -88,13 +88,11 @@ def _attempt_in_flight() -> Timeline | None:
 
 
 def _retry_count(headers: Any) -> int:
-    value = headers.get(RETRY_COUNT_HEADER)
-    if value is None:
-        return 0
-    try:
-        return max(int(value), 0)
-    except ValueError:
-        return 0
+    for name in RETRY_COUNT_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            return resend_count(value)
+    return 0
 
 
 def _is_dns_cached(conn: Any, host: str, port: int) -> bool:
@@ -438,8 +436,7 @@ def _headers_received(attempt: Timeline, response: Any) -> None:
     if version is not None:
         attempt.protocol_version = f"{version.major}.{version.minor}"
     attempt.response_headers = response.raw_headers
-    if response.headers.get("Content-Type", "").startswith("text/event-stream"):
-        attempt.sse = SSECounter()
+    attempt.stream = counter_for(response.headers.get("Content-Type"))
     response.__dict__[_TIMELINE_ATTR] = attempt
     # Body bytes that came in the same reads as the headers are already buffered.
     for chunk in getattr(response.content, "_buffer", ()):

@@ -33,30 +33,28 @@ from typing import Any
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.emitter import Emitter
+from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolMetrics, PoolRow, limit_or_none
-from llm_latency.sse import SSECounter
+from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline
 
-_RETRY_COUNT = b"x-stainless-retry-count"
+_RETRY_COUNT_NAMES = frozenset(name.encode() for name in RETRY_COUNT_HEADERS)
 _DEFAULT_PORTS = {b"http": 80, b"https": 443, b"ws": 80, b"wss": 443}
 
 
 def _retry_count(headers: list[tuple[bytes, bytes]]) -> int:
     for name, value in headers:
-        if name.lower() == _RETRY_COUNT:
-            try:
-                return max(int(value), 0)
-            except ValueError:
-                return 0
+        if name.lower() in _RETRY_COUNT_NAMES:
+            return resend_count(value)
     return 0
 
 
-def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     for name, value in headers:
         if name.lower() == b"content-type":
-            return value.lower().startswith(b"text/event-stream")
-    return False
+            return value
+    return None
 
 
 # -- trace events -> timeline ------------------------------------------------------------------
@@ -109,8 +107,7 @@ def _headers_received(attempt: Timeline, info: dict[str, Any]) -> None:
         attempt.protocol_version = "2"
     attempt.status_code = status
     attempt.response_headers = headers
-    if _is_event_stream(headers):
-        attempt.sse = SSECounter()
+    attempt.stream = counter_for(_content_type(headers))
 
 
 _EVENTS: dict[str, Callable[[Timeline, dict[str, Any]], None]] = {

@@ -50,8 +50,9 @@ from llm_latency.adapters._patching import (
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
+from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count
 from llm_latency.pools import ConnectionLifetimes, PoolMetrics, PoolRow
-from llm_latency.sse import SSECounter
+from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, clock_ns
 
@@ -80,9 +81,17 @@ _HEADERS_AT: Final = 3
 _RETRIES_AT: Final = 4
 
 
-def _resend_count(retries: Any) -> int:
+def _resend_count(retries: Any, headers: Any) -> int:
+    """urllib3's own retries so far, else what a retry-count header says (botocore retries
+    in its own loop, one ``urlopen`` per attempt)."""
     history = getattr(retries, "history", None)
-    return len(history) if history else 0
+    if history:
+        return len(history)
+    for name in RETRY_COUNT_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            return resend_count(value)
+    return 0
 
 
 def _full_url(pool: Any, url: str) -> str:
@@ -210,7 +219,9 @@ class RequestsAdapter:
             else:
                 kwargs = {**kwargs, "headers": headers}
         attempt = Timeline(method, _full_url(pool, url))
-        attempt.resend_count = _resend_count(_argument(args, kwargs, _RETRIES_AT, "retries"))
+        attempt.resend_count = _resend_count(
+            _argument(args, kwargs, _RETRIES_AT, "retries"), headers
+        )
         path = url.partition("?")[0] if "://" not in url else urllib3.util.parse_url(url).path
         # The outermost urlopen groups urllib3's own retries and redirects (it recurses for
         # each), so the waits between them become retry.backoff spans.
@@ -367,8 +378,7 @@ def _headers_received(attempt: Timeline, resp: Any) -> None:
         attempt.protocol_version = {10: "1.0", 11: "1.1", 20: "2"}[version]
     headers = resp.headers
     attempt.response_headers = list(headers.items())
-    if headers.get("content-type", "").startswith("text/event-stream"):
-        attempt.sse = SSECounter()
+    attempt.stream = counter_for(headers.get("content-type"))
 
 
 # -- hooks that need no emitter ------------------------------------------------------------------

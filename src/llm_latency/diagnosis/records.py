@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_latency import semconv
+from llm_latency.providers import REQUEST_ID_HEADERS
 from llm_latency.timeline import PHASE_NAMES
 
 #: Rate-limit response headers shown with each attempt, in this order.
@@ -22,7 +23,6 @@ RATELIMIT_HEADERS = (
     "x-ratelimit-reset-requests",
     "retry-after-ms",
 )
-REQUEST_ID_HEADERS = ("x-request-id", "request-id")
 
 
 @dataclass(frozen=True)

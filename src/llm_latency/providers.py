@@ -1,0 +1,332 @@
+"""What each LLM provider's HTTP API says about an attempt: one profile per provider.
+
+A profile lists the provider's routes (they name the spans: ``POST /v1/chat/completions``), the
+response headers that carry its request id, its own measure of the server's time, its
+rate-limit state, the request header that numbers an SDK's retries, and the content types of
+its streams. Everything else in llm-latency reads these through the tables built at the end of
+this module, so adding a provider is adding one entry to :data:`PROFILES`.
+
+Where each name comes from is noted beside it (the provider's SDK source or its API reference);
+README's "Providers" table lists the same.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+#: Stream formats (``StreamFormat`` values) by the content types that carry them.
+SSE: Final = "sse"
+NDJSON: Final = "ndjson"
+AWS_EVENT_STREAM: Final = "aws-eventstream"
+
+#: How a server-time header reads: ``ms`` (a number of milliseconds), ``s`` (seconds), or
+#: ``server-timing`` (the W3C ``Server-Timing`` list: the ``dur`` of its longest metric, ms).
+MILLISECONDS: Final = "ms"
+SECONDS: Final = "s"
+SERVER_TIMING: Final = "server-timing"
+
+
+@dataclass(frozen=True)
+class Route:
+    """A path pattern and the ``url.template`` it reports. ``pattern`` is searched in the
+    path (so a gateway's base path may come first); the template may refer to its groups
+    (``\\1``), as :meth:`re.Match.expand` does."""
+
+    pattern: str
+    template: str
+
+
+@dataclass(frozen=True)
+class ProviderProfile:
+    """One provider's API, as far as timing an attempt goes."""
+
+    name: str
+    routes: tuple[Route, ...] = ()
+    #: Response headers whose value is the provider's id of the request, first found wins.
+    request_id_headers: tuple[str, ...] = ()
+    #: ``(header, how it reads)``: the provider's own measure of its time on the request.
+    server_time_headers: tuple[tuple[str, str], ...] = ()
+    #: Rate-limit "remaining" headers and the kind of budget each counts.
+    ratelimit_remaining: tuple[tuple[str, str], ...] = ()
+    #: The header that says when each kind's window resets (a duration, or a timestamp).
+    ratelimit_reset: tuple[tuple[str, str], ...] = ()
+    #: Other rate-limit headers worth keeping on the span (limits, per-window counts).
+    ratelimit_other: tuple[str, ...] = ()
+    #: The request header an SDK numbers its attempts with, if any.
+    retry_count_header: str | None = None
+    #: The content types of its streams and their format.
+    stream_types: tuple[tuple[str, str], ...] = ()
+    #: Other response headers worth keeping (model, region, ...).
+    extra_headers: tuple[str, ...] = ()
+
+
+_OPENAI_RATELIMITS: Final = (
+    ("x-ratelimit-remaining-requests", "requests"),
+    ("x-ratelimit-remaining-tokens", "tokens"),
+)
+_OPENAI_RESETS: Final = (
+    ("requests", "x-ratelimit-reset-requests"),
+    ("tokens", "x-ratelimit-reset-tokens"),
+)
+_OPENAI_LIMITS: Final = ("x-ratelimit-limit-requests", "x-ratelimit-limit-tokens")
+_EVENT_STREAM: Final = (("text/event-stream", SSE),)
+
+# The OpenAI-compatible routes; a prefix such as Groq's "/openai" or a gateway's base path may
+# come before "v1".
+_OPENAI_ROUTES: Final = tuple(
+    Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{template}")
+    for path, template in (
+        ("chat/completions", "chat/completions"),
+        ("completions", "completions"),
+        ("responses", "responses"),
+        ("responses/[^/]+", "responses/{response_id}"),
+        ("embeddings", "embeddings"),
+        ("moderations", "moderations"),
+        ("models", "models"),
+        ("audio/transcriptions", "audio/transcriptions"),
+        ("audio/translations", "audio/translations"),
+        ("audio/speech", "audio/speech"),
+        ("images/generations", "images/generations"),
+        ("batches", "batches"),
+        ("rerank", "rerank"),
+    )
+)
+
+#: Known providers. Sources: each SDK's own source as installed from PyPI (named below), and the
+#: providers' API references.
+PROFILES: Final[tuple[ProviderProfile, ...]] = (
+    ProviderProfile(
+        # openai: _base_client.py (x-stainless-retry-count), _response.py (x-request-id);
+        # API reference "Rate limits" and "Debugging requests" (openai-processing-ms).
+        name="OpenAI",
+        routes=_OPENAI_ROUTES,
+        request_id_headers=("x-request-id",),
+        server_time_headers=(("openai-processing-ms", MILLISECONDS),),
+        ratelimit_remaining=_OPENAI_RATELIMITS,
+        ratelimit_reset=_OPENAI_RESETS,
+        ratelimit_other=_OPENAI_LIMITS,
+        retry_count_header="x-stainless-retry-count",
+        stream_types=_EVENT_STREAM,
+        extra_headers=("openai-model",),
+    ),
+    ProviderProfile(
+        # Azure OpenAI REST reference: deployments routes, apim-request-id, x-ms-region.
+        name="Azure OpenAI",
+        routes=tuple(
+            Route(
+                rf"(?:^|/)openai/deployments/[^/]+/{path}/?$",
+                f"/openai/deployments/{{deployment}}/{path}",
+            )
+            for path in (
+                "chat/completions",
+                "completions",
+                "embeddings",
+                "responses",
+                "audio/transcriptions",
+                "images/generations",
+            )
+        ),
+        request_id_headers=("apim-request-id", "x-request-id"),
+        server_time_headers=(("openai-processing-ms", MILLISECONDS),),
+        ratelimit_remaining=_OPENAI_RATELIMITS,
+        ratelimit_reset=_OPENAI_RESETS,
+        ratelimit_other=_OPENAI_LIMITS,
+        retry_count_header="x-stainless-retry-count",
+        stream_types=_EVENT_STREAM,
+        extra_headers=("x-ms-region",),
+    ),
+    ProviderProfile(
+        # anthropic: _base_client.py, _response.py (request-id); API reference "Rate limits".
+        name="Anthropic",
+        routes=tuple(
+            Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{path}")
+            for path in ("messages", "messages/count_tokens", "messages/batches", "complete")
+        ),
+        request_id_headers=("request-id",),
+        ratelimit_remaining=(
+            ("anthropic-ratelimit-requests-remaining", "requests"),
+            ("anthropic-ratelimit-tokens-remaining", "tokens"),
+            ("anthropic-ratelimit-input-tokens-remaining", "input_tokens"),
+            ("anthropic-ratelimit-output-tokens-remaining", "output_tokens"),
+        ),
+        ratelimit_reset=(
+            ("requests", "anthropic-ratelimit-requests-reset"),
+            ("tokens", "anthropic-ratelimit-tokens-reset"),
+            ("input_tokens", "anthropic-ratelimit-input-tokens-reset"),
+            ("output_tokens", "anthropic-ratelimit-output-tokens-reset"),
+        ),
+        ratelimit_other=(
+            "anthropic-ratelimit-requests-limit",
+            "anthropic-ratelimit-tokens-limit",
+        ),
+        retry_count_header="x-stainless-retry-count",
+        stream_types=_EVENT_STREAM,
+    ),
+    ProviderProfile(
+        # botocore: data/bedrock-runtime/*/service-2.json (routes), retries/standard.py and
+        # handlers.py (amz-sdk-request), parsers.py (x-amzn-requestid, event streams).
+        name="AWS Bedrock",
+        routes=tuple(
+            Route(rf"(?:^|/)model/[^/]+/{path}/?$", f"/model/{{modelId}}/{path}")
+            for path in (
+                "converse",
+                "converse-stream",
+                "invoke",
+                "invoke-with-response-stream",
+                "count-tokens",
+            )
+        ),
+        request_id_headers=("x-amzn-requestid",),
+        server_time_headers=(("x-amzn-bedrock-invocation-latency", MILLISECONDS),),
+        retry_count_header="amz-sdk-request",
+        stream_types=(("application/vnd.amazon.eventstream", AWS_EVENT_STREAM),),
+        extra_headers=(
+            "x-amzn-bedrock-input-token-count",
+            "x-amzn-bedrock-output-token-count",
+        ),
+    ),
+    ProviderProfile(
+        # google-genai: _api_client.py (paths, ?alt=sse); Gemini and Vertex AI REST references.
+        name="Gemini and Vertex AI",
+        routes=tuple(
+            Route(
+                rf"(?:^|/)(v1(?:beta|alpha)?\d*)/{where}models/[^/:]+:{method}/?$",
+                rf"/\1/{template}models/{{model}}:{method}",
+            )
+            for where, template in (
+                ("", ""),
+                (
+                    r"projects/[^/]+/locations/[^/]+/publishers/[^/]+/",
+                    "projects/{project}/locations/{location}/publishers/{publisher}/",
+                ),
+            )
+            for method in (
+                "generateContent",
+                "streamGenerateContent",
+                "countTokens",
+                "embedContent",
+                "batchEmbedContents",
+                "predict",
+                "rawPredict",
+                "streamRawPredict",
+            )
+        ),
+        server_time_headers=(("server-timing", SERVER_TIMING),),
+        stream_types=_EVENT_STREAM,
+    ),
+    ProviderProfile(
+        # mistralai: sdk chat.py, fim.py, agents.py (routes); utils/retries.py retries with no
+        # header of its own.
+        name="Mistral",
+        routes=tuple(
+            Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{path}")
+            for path in ("fim/completions", "agents/completions", "conversations", "ocr")
+        ),
+        request_id_headers=("mistral-correlation-id", "x-kong-request-id"),
+        server_time_headers=(("x-envoy-upstream-service-time", MILLISECONDS),),
+        ratelimit_other=(
+            "x-ratelimit-remaining-tokens-minute",
+            "x-ratelimit-remaining-tokens-month",
+            "x-ratelimit-limit-tokens-minute",
+        ),
+        stream_types=_EVENT_STREAM,
+    ),
+    ProviderProfile(
+        # cohere: v2/raw_client.py and raw_base_client.py (routes, streams).
+        name="Cohere",
+        routes=tuple(
+            Route(rf"(?:^|/)(v[12])/{path}/?$", rf"/\1/{path}")
+            for path in ("chat", "embed", "rerank", "generate", "classify", "tokenize")
+        ),
+        request_id_headers=("x-debug-trace-id", "x-request-id"),
+        server_time_headers=(("x-envoy-upstream-service-time", MILLISECONDS),),
+        ratelimit_other=(
+            "x-endpoint-monthly-call-limit",
+            "x-trial-endpoint-call-limit",
+            "x-trial-endpoint-call-remaining",
+        ),
+        stream_types=(*_EVENT_STREAM, ("application/stream+json", NDJSON)),
+    ),
+    ProviderProfile(
+        # groq: the OpenAI-compatible API under /openai/v1 (openai's routes match it).
+        name="Groq",
+        request_id_headers=("x-request-id",),
+        ratelimit_remaining=_OPENAI_RATELIMITS,
+        ratelimit_reset=_OPENAI_RESETS,
+        ratelimit_other=_OPENAI_LIMITS,
+        retry_count_header="x-stainless-retry-count",
+        stream_types=_EVENT_STREAM,
+        extra_headers=("x-groq-region",),
+    ),
+    ProviderProfile(
+        # ollama: _client.py (routes); the server streams one JSON object per line.
+        name="Ollama",
+        routes=tuple(
+            Route(rf"(?:^|/)api/{path}/?$", f"/api/{path}")
+            for path in ("chat", "generate", "embed", "embeddings")
+        ),
+        stream_types=(("application/x-ndjson", NDJSON),),
+    ),
+    ProviderProfile(
+        # vLLM and llama.cpp serve the OpenAI routes (llama.cpp also /completion); TGI serves
+        # /generate, /generate_stream and the OpenAI chat route, and times each request
+        # (x-total-time, ms); the LiteLLM proxy sends x-litellm-call-id and its own duration.
+        name="OpenAI-compatible servers",
+        routes=(
+            Route(r"(?:^|/)generate/?$", "/generate"),
+            Route(r"(?:^|/)generate_stream/?$", "/generate_stream"),
+            Route(r"(?:^|/)completion/?$", "/completion"),
+            Route(r"(?:^|/)infill/?$", "/infill"),
+        ),
+        request_id_headers=("x-litellm-call-id",),
+        server_time_headers=(
+            ("x-litellm-response-duration-ms", MILLISECONDS),
+            ("x-total-time", MILLISECONDS),
+            ("x-envoy-upstream-service-time", MILLISECONDS),
+        ),
+        stream_types=(("application/jsonl", NDJSON), ("application/json-seq", NDJSON)),
+        extra_headers=("x-litellm-model-api-base",),
+    ),
+)
+
+
+def _unique(names: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))
+
+
+#: Every route, in profile order: the first that matches a path names it.
+ROUTES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
+    (re.compile(route.pattern), route.template) for p in PROFILES for route in p.routes
+)
+REQUEST_ID_HEADERS: Final = _unique([h for p in PROFILES for h in p.request_id_headers])
+SERVER_TIME_HEADERS: Final = tuple(
+    dict.fromkeys(item for p in PROFILES for item in p.server_time_headers)
+)
+RATELIMIT_REMAINING_HEADERS: Final = dict(item for p in PROFILES for item in p.ratelimit_remaining)
+#: Reset headers by ``(remaining header's kind, remaining header)``'s family: the reset header
+#: of the same provider as the remaining header.
+RATELIMIT_RESET_HEADERS: Final = {
+    remaining: dict(p.ratelimit_reset).get(kind)
+    for p in PROFILES
+    for remaining, kind in p.ratelimit_remaining
+}
+RETRY_COUNT_HEADERS: Final = _unique(
+    [p.retry_count_header for p in PROFILES if p.retry_count_header]
+)
+STREAM_TYPES: Final = dict(item for p in PROFILES for item in p.stream_types)
+#: The response headers captured by default: all of the above, and the retry hints.
+DEFAULT_RESPONSE_HEADERS: Final = _unique(
+    [
+        *REQUEST_ID_HEADERS,
+        *(name for name, _ in SERVER_TIME_HEADERS),
+        *(h for p in PROFILES for h in p.extra_headers),
+        *(h for p in PROFILES for h in p.ratelimit_other),
+        *RATELIMIT_REMAINING_HEADERS,
+        *(h for h in RATELIMIT_RESET_HEADERS.values() if h),
+        "retry-after",
+        "retry-after-ms",
+        "x-should-retry",
+    ]
+)

@@ -1,0 +1,109 @@
+"""The provider profiles: each provider's routes name its spans, and its headers are read the
+way the provider writes them."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from llm_latency import headers, providers
+from llm_latency.urls import route_template
+
+
+@pytest.mark.parametrize(
+    ("path", "template"),
+    [
+        ("/v1/chat/completions", "/v1/chat/completions"),
+        ("/openai/v1/chat/completions", "/v1/chat/completions"),  # Groq, Azure's v1 API
+        (
+            "/openai/deployments/gpt-4o/chat/completions",
+            "/openai/deployments/{deployment}/chat/completions",
+        ),
+        ("/v1/messages", "/v1/messages"),
+        ("/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse", "/model/{modelId}/converse"),
+        ("/model/amazon.nova-lite-v1%3A0/converse-stream", "/model/{modelId}/converse-stream"),
+        ("/model/m/invoke", "/model/{modelId}/invoke"),
+        ("/model/m/invoke-with-response-stream", "/model/{modelId}/invoke-with-response-stream"),
+        (
+            "/v1beta/models/gemini-2.5-flash:generateContent",
+            "/v1beta/models/{model}:generateContent",
+        ),
+        (
+            "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+            "/v1beta/models/{model}:streamGenerateContent",
+        ),
+        (
+            "/v1/projects/p-1/locations/us-central1/publishers/google/models/gemini-2.5-pro:generateContent",
+            "/v1/projects/{project}/locations/{location}/publishers/{publisher}/models/{model}:generateContent",
+        ),
+        ("/v1/fim/completions", "/v1/fim/completions"),
+        ("/v2/chat", "/v2/chat"),
+        ("/v1/chat", "/v1/chat"),
+        ("/v2/embed", "/v2/embed"),
+        ("/api/chat", "/api/chat"),
+        ("/api/generate", "/api/generate"),
+        ("/generate_stream", "/generate_stream"),
+        ("/completion", "/completion"),
+        ("/some/other/path", None),
+    ],
+)
+def test_routes_name_spans(path: str, template: str | None) -> None:
+    assert route_template(path) == template
+
+
+def test_every_header_of_every_profile_is_captured_by_default() -> None:
+    wanted = set(headers.resolve_capture_list())
+    for profile in providers.PROFILES:
+        named = {
+            *profile.request_id_headers,
+            *(name for name, _ in profile.server_time_headers),
+            *(name for name, _ in profile.ratelimit_remaining),
+            *(name for _, name in profile.ratelimit_reset),
+            *profile.ratelimit_other,
+            *profile.extra_headers,
+        }
+        assert named <= wanted, profile.name
+        assert not named & headers.SENSITIVE_HEADERS
+
+
+@pytest.mark.parametrize(
+    ("found", "seconds"),
+    [
+        ({"openai-processing-ms": ["212"]}, 0.212),
+        ({"x-amzn-bedrock-invocation-latency": ["1530"]}, 1.53),
+        ({"x-envoy-upstream-service-time": ["87"]}, 0.087),
+        ({"server-timing": ["gfet4t7; dur=642"]}, 0.642),
+        ({"server-timing": ['cdn-cache; desc="MISS", edge;dur=4, origin; dur=250.5']}, 0.2505),
+        ({"x-litellm-response-duration-ms": ["1002.4"]}, 1.0024),
+        ({"server-timing": ["miss"]}, None),
+        ({"openai-processing-ms": ["soon"]}, None),
+        ({}, None),
+    ],
+)
+def test_server_time_of_each_provider(found: dict[str, list[str]], seconds: float | None) -> None:
+    assert headers.server_time(found) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("value", "count"),
+    [
+        ("0", 0),
+        ("2", 2),
+        (b"1", 1),
+        ("ttl=20261201T050000Z; attempt=1; max=3", 0),  # botocore's first attempt
+        ("attempt=3; max=5", 2),
+        ("garbage", 0),
+    ],
+)
+def test_retry_count_headers(value: str | bytes, count: int) -> None:
+    assert headers.resend_count(value) == count
+
+
+def test_reset_as_duration_or_as_anthropics_timestamp() -> None:
+    assert headers.parse_reset("6m0s") == 360.0
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=30)
+    left = headers.parse_reset(later.isoformat().replace("+00:00", "Z"))
+    assert left is not None and 25 < left <= 30
+    assert headers.parse_reset("2001-01-01T00:00:00Z") is None
+    assert headers.parse_reset("tomorrow") is None
