@@ -42,7 +42,6 @@ def headers(turn: Turn) -> dict[str, str]:
         "x-ratelimit-limit-tokens": "200000",
         "x-ratelimit-remaining-tokens": str(200000 - (number * 100) % 200000),
         "x-ratelimit-reset-requests": "1s",
-        "x-ratelimit-reset-tokens": "6ms",
     }
 
 
