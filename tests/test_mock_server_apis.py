@@ -86,8 +86,8 @@ async def test_openai_stream_without_include_usage_has_no_usage_chunk(
 
 async def test_openai_stream_ends_with_done_on_the_wire(server: RunningServer) -> None:
     """The raw events: JSON chunks, the finish chunk, the usage chunk, then ``[DONE]``."""
-    body = {"model": "m", "messages": MESSAGES, "stream": True}
-    body["stream_options"] = {"include_usage": True}
+    options = {"include_usage": True}
+    body = {"model": "m", "messages": MESSAGES, "stream": True, "stream_options": options}
     async with httpx.AsyncClient() as client:
         response = await client.post(server.url(), json=body)
     assert response.headers["content-type"].startswith("text/event-stream")
