@@ -13,6 +13,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 # litellm fetches its price list at import unless told to use the copy it ships.
@@ -25,6 +26,7 @@ from langchain_openai import ChatOpenAI
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
+import llm_latency
 from llm_latency.diagnosis.records import calls_from_spans, from_readable_spans
 from llm_latency.testing import Profile, RunningServer, running
 from tests.checks import compare
@@ -463,3 +465,44 @@ async def test_ollama_rate_limited_is_one_attempt(
     assert attributes(attempt)["error.type"] == "429"
     assert named(telemetry, "retry.backoff") == []
     assert_no_request_id(attempt)
+
+
+# -- hooking --------------------------------------------------------------------------------------
+
+
+async def test_litellm_imported_after_instrument(server: RunningServer) -> None:
+    """The order a program has: instrument() imports neither litellm nor openai; importing
+    litellm hooks both (openai first, inside litellm's import), and the call still groups."""
+    program = Path(__file__).parent / "programs" / "lazy_litellm.py"
+    server.state.rate_limit_next = 2
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(program), server.url("/v1"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 90)
+    assert process.returncode == 0, err.decode()
+    assert out.decode().splitlines() == [
+        "OK imported by instrument(): []",
+        "OK parents: ['litellm completion']",
+        "OK under it: [429, 'retry.backoff', 429, 'retry.backoff', 200]",
+    ]
+
+
+def test_uninstrument_puts_litellm_back() -> None:
+    """After uninstrument(), litellm's functions and the SDK's request are the originals."""
+    import litellm.main
+    import openai._base_client as openai_base
+
+    hooked = [(litellm, "completion"), (litellm, "acompletion"), (litellm.main, "completion"),
+              (litellm.main, "acompletion"), (openai_base.BaseClient, "_build_request")]  # fmt: skip
+    before = [vars(owner)[name] for owner, name in hooked]
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        during = [vars(owner)[name] for owner, name in hooked]
+        assert all(
+            hasattr(d, "__wrapped__") and d is not b for d, b in zip(during, before, strict=True)
+        )
+    finally:
+        llm_latency.uninstrument()
+    assert [vars(owner)[name] for owner, name in hooked] == before

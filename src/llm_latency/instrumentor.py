@@ -86,7 +86,6 @@ SDKS: dict[str, Target] = {
     "anthropic": Target(
         "anthropic", "anthropic >= 2.0, < 3", "llm_latency.adapters.sdks:AnthropicAdapter"
     ),
-    # After openai: its hook on the SDK's request goes beneath the openai adapter's.
     "litellm": Target(
         "litellm", "litellm >= 1.83.0, < 2", "llm_latency.adapters.litellm:LiteLLMAdapter"
     ),

@@ -13,9 +13,11 @@ How the levels fold into one call:
 - The span carries ``gen_ai.operation.name`` and ``gen_ai.request.model``: it is the GenAI
   operation span of the call. The openai SDK's own grouping (:mod:`llm_latency.adapters.sdks`)
   sees a current GenAI span and adds no second parent span.
-- The SDK's ``request`` is hooked beneath that grouping: while a litellm call runs, the SDK
-  request's attempts are counted as the litellm call's (``current_call``), so a wait across
-  litellm's outer retries is a ``retry.backoff`` like one inside the SDK.
+- The SDK builds each attempt's request in ``BaseClient._build_request``, inside its own
+  grouping: there, while a litellm call runs, the attempt is made the litellm call's
+  (``current_call``), so a wait across litellm's outer retries is a ``retry.backoff`` like one
+  inside the SDK. (The SDK grouping's own reset of ``current_call`` when its request returns
+  undoes this, as the litellm call's reset does without it.)
 - ``litellm.main.completion``, which litellm's retries (and ``acompletion``) call again for each
   try, is hooked too: a try inside a running litellm call numbers its attempts after those
   already made (``http.request.resend_count``) instead of opening a call of its own.
@@ -26,7 +28,7 @@ first: their attempts come from the httpx adapter, already under the litellm cal
 
 from __future__ import annotations
 
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
@@ -73,13 +75,9 @@ class LiteLLMAdapter:
                 ("litellm.main", "acompletion", self._call_hook("acompletion")),
             ],
         )
-        sdk = Hook(self._sdk_enter, self._sdk_returns, self._sdk_exit)
         self._patches.group(
             "openai SDK attempts in the litellm call",
-            [
-                ("openai._base_client:SyncAPIClient", "request", sdk),
-                ("openai._base_client:AsyncAPIClient", "request", sdk),
-            ],
+            [("openai._base_client:BaseClient", "_build_request", Hook(self._sdk_attempt))],
         )
 
     def uninstall(self) -> None:
@@ -121,20 +119,11 @@ class LiteLLMAdapter:
         self._exit(state, None)
         return result
 
-    # -- the openai SDK's request inside it ---------------------------------------------------
+    # -- the openai SDK's attempts inside it ----------------------------------------------------
 
     @staticmethod
-    def _sdk_enter(_client: Any, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> Any:
+    def _sdk_attempt(_client: Any, _args: tuple[Any, ...], _kwargs: dict[str, Any]) -> Any:
         call = _running.get()
-        if call is None:
-            return SKIP
-        return current_call.set(call)
-
-    @staticmethod
-    def _sdk_exit(token: Token[LogicalCall | None], _error: BaseException | None) -> None:
-        current_call.reset(token)
-
-    @staticmethod
-    def _sdk_returns(token: Token[LogicalCall | None], result: Any) -> Any:
-        current_call.reset(token)
-        return result
+        if call is not None and current_call.get() is not call:
+            current_call.set(call)
+        return SKIP
