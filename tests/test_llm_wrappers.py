@@ -506,3 +506,22 @@ def test_uninstrument_puts_litellm_back() -> None:
     finally:
         llm_latency.uninstrument()
     assert [vars(owner)[name] for owner, name in hooked] == before
+
+
+async def test_litellm_outer_retry_wait_is_a_backoff(
+    telemetry: Telemetry, server: RunningServer
+) -> None:
+    """``acompletion(num_retries=2)`` against four 429s: the SDK's three attempts, then
+    litellm's own tries; before its second one litellm waits (tenacity's exponential wait for a
+    rate limit, 1 s first): that wait is a ``retry.backoff`` of the call as long as it was."""
+
+    async def scenario() -> None:
+        server.state.rate_limit_next = 4
+        answer = await litellm.acompletion(**litellm_openai(server, num_retries=2))
+        assert answer.choices[0].message.content == ANSWER
+
+    assert (await compare(telemetry, scenario)).kind is None
+    parent = the_litellm_span(telemetry, True)
+    assert_grouped_retries(telemetry, parent, [429, 429, 429, 429, 200])
+    backoffs = [s for s in children(telemetry, parent) if s.name == "retry.backoff"]
+    assert seconds(backoffs[-1]) >= 1.0 - EARLY
