@@ -160,7 +160,7 @@ def test_probe_stream_text_output() -> None:
     assert "sk-never-shown-1" not in out + result.stderr
     (request,) = report["requests"]  # type: ignore[misc]
     assert 0.2 - 0.005 <= request["time_to_first_chunk"] <= 0.2 + SLACK
-    assert request["stream_events"] == 6
+    assert request["stream_events"] == 7  # five tokens, the finish_reason chunk, [DONE]
     assert request["total"] >= 0.2 + 0.2 - 0.005  # four gaps of 50 ms after the first token
 
 

@@ -312,7 +312,8 @@ def check_every_request_span_has_its_phases(run: LocustRun) -> None:
     assert new_connections >= USERS  # a session, so a connection, per user
     streamed = [span for span in requests if "llm_latency.stream.events" in span.attributes]
     for span in streamed:  # read to the end: every event, and the time to the first one
-        assert span.attributes["llm_latency.stream.events"] == TOKENS + 1, span
+        # every token, the finish_reason chunk and [DONE]
+        assert span.attributes["llm_latency.stream.events"] == TOKENS + 2, span
         assert span.attributes["gen_ai.response.time_to_first_chunk"] > 0, span
 
 

@@ -4,6 +4,8 @@ way the provider writes them."""
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +109,45 @@ def test_reset_as_duration_or_as_anthropics_timestamp() -> None:
     assert left is not None and 25 < left <= 30
     assert headers.parse_reset("2001-01-01T00:00:00Z") is None
     assert headers.parse_reset("tomorrow") is None
+
+
+def providers_table() -> str:
+    """README's providers table, as the profiles give it."""
+
+    def names(items: Iterable[str]) -> str:
+        return ", ".join(f"`{item}`" for item in items) or "none"
+
+    rows = [
+        "| provider | routes (span names) | request id | server time | rate limits | retry count | streams |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in providers.PROFILES:
+        routes = sorted({route.template.replace("\\1", "{version}") for route in p.routes})
+        shown = names(routes) if len(routes) <= 6 else names(routes[:6]) + ", ..."
+        if p.note:
+            shown = p.note if not routes else f"{shown}; {p.note}"
+        rows.append(
+            "| "
+            + " | ".join(
+                [
+                    p.name,
+                    shown,
+                    names(p.request_id_headers),
+                    names(name for name, _ in p.server_time_headers),
+                    names(name for name, _ in p.ratelimit_remaining),
+                    names([p.retry_count_header] if p.retry_count_header else []),
+                    names(dict.fromkeys(kind for _, kind in p.stream_types)),
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def test_readme_lists_every_profile_as_the_code_has_it() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert providers_table() in readme, "regenerate: python tests/test_provider_profiles.py"
+
+
+if __name__ == "__main__":
+    print(providers_table(), end="")

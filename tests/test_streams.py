@@ -5,6 +5,7 @@ parser)."""
 from __future__ import annotations
 
 import binascii
+import itertools
 import json
 import struct
 
@@ -25,7 +26,7 @@ def fed(counter: StreamCounter, chunks: list[bytes]) -> int:
 def cut(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     edges = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(edges)]
 
 
 def event_message(payload: bytes, event_type: str = "chunk") -> bytes:

@@ -60,6 +60,8 @@ class ProviderProfile:
     stream_types: tuple[tuple[str, str], ...] = ()
     #: Other response headers worth keeping (model, region, ...).
     extra_headers: tuple[str, ...] = ()
+    #: What the table cannot say (routes it shares with another profile, say).
+    note: str = ""
 
 
 _OPENAI_RATELIMITS: Final = (
@@ -283,6 +285,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         retry_count_header="x-stainless-retry-count",
         stream_types=_EVENT_STREAM,
         extra_headers=("x-groq-region",),
+        note="OpenAI's routes, under `/openai/v1`",
     ),
     ProviderProfile(
         # ollama: _client.py (routes); the server streams one JSON object per line.
@@ -312,6 +315,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         ),
         stream_types=(("application/jsonl", NDJSON), ("application/json-seq", NDJSON)),
         extra_headers=("x-litellm-model-api-base",),
+        note="OpenAI's routes and SSE streams too",
     ),
 )
 

@@ -50,8 +50,6 @@ from llm_latency.timeline import (
     clock_ns,
 )
 
-_TIMELINE_ATTR: Final = "_llm_latency_timeline"
-
 _SESSION: Final = "aiohttp.client:ClientSession"
 _BASE_CONNECTOR: Final = "aiohttp.connector:BaseConnector"
 _TCP_CONNECTOR: Final = "aiohttp.connector:TCPConnector"
@@ -77,8 +75,11 @@ _session_request: ContextVar[_SessionRequest | None] = ContextVar(
     "llm_latency_aiohttp_call", default=None
 )
 
-# Response body streams being watched, to their attempt. StreamReader has __slots__, so the
-# attempt cannot ride on the stream itself.
+# An attempt has one owner at a time, where its hooks find it: until the response headers, the
+# ``ClientSession._request`` call running in this task (``_session_request``); from the
+# headers on, its response body stream, here (the body arrives in the connection's callbacks,
+# outside the request's task). StreamReader has __slots__, so the attempt cannot ride on the
+# stream itself.
 _streams: dict[Any, Timeline] = {}
 
 
@@ -176,37 +177,53 @@ class AiohttpAdapter:
 
     # -- the call and the attempt -------------------------------------------------------------
 
+    def _end_before_headers(
+        self, call: _SessionRequest, error: BaseException | None = None
+    ) -> None:
+        """End the attempt the request still owns, if any. ``error``: what the program sees,
+        which replaces what the attempt recorded (aiohttp wraps OSErrors, and turns the
+        cancellation of its total timeout into a TimeoutError)."""
+        attempt, call.attempt = call.attempt, None
+        if attempt is None:
+            return
+        if error is not None:
+            if attempt.error is None:
+                attempt.fail(error)
+            else:
+                attempt.error = error
+        self._emitter.finish(attempt)
+
+    def _end_body(self, stream: Any, error: BaseException | None = None) -> None:
+        """End the attempt the body ``stream`` owns, if any (whichever of the stream's end,
+        the response's release or close, a failed read or the connection's close comes
+        first; the others then find nothing)."""
+        attempt = _streams.pop(stream, None)
+        if attempt is None:
+            return
+        if error is None:
+            self._emitter.finish(attempt)
+        else:
+            self._emitter.finish_failed(attempt, error)
+
     def _request_returns(self, state: tuple[_SessionRequest, Any], result: Any) -> Any:
         call, token = state
         _session_request.reset(token)
-        attempt = call.attempt
-        if attempt is not None and not attempt.ended:
-            # Never handed to its response (a fault in between): nothing else will end it.
-            self._emitter.finish(attempt)
+        # Never handed to its response (a fault in between): nothing else will end it.
+        self._end_before_headers(call)
         return result
 
     def _request_fails(self, state: tuple[_SessionRequest, Any], exc: BaseException) -> None:
         call, token = state
         _session_request.reset(token)
-        attempt = call.attempt
-        if attempt is not None and not attempt.ended:
-            # Report what the program sees (aiohttp wraps OSErrors, and turns the cancellation
-            # of its total timeout into a TimeoutError).
-            if attempt.error is None:
-                attempt.fail(exc)
-            else:
-                attempt.error = exc
-            self._emitter.finish(attempt)
+        self._end_before_headers(call, exc)
 
     def _attempt_begins(self, conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = _session_request.get()
         if call is None:
             return SKIP
-        previous, call.attempt = call.attempt, None
-        if previous is not None and not previous.ended:
-            # aiohttp retried on its own after this attempt failed (a dropped pooled
-            # connection): the failure was swallowed, the attempt still ends here.
-            self._emitter.finish(previous)
+        # An attempt still owned here: aiohttp retried on its own after it failed (a dropped
+        # pooled connection); the failure was swallowed, the attempt still ends here.
+        self._end_before_headers(call)
         req = _arg(args, kwargs, 0, "req")
         url = req.url
         attempt = Timeline(req.method, str(url))
@@ -225,7 +242,7 @@ class AiohttpAdapter:
         return attempt
 
     def _abandon(self, state: tuple[_SessionRequest, Timeline, Any]) -> None:
-        self._emitter.finish(state[1])
+        self._end_before_headers(state[0])
 
     # -- request and response -----------------------------------------------------------------
 
@@ -246,34 +263,25 @@ class AiohttpAdapter:
 
     def _headers_in(self, state: tuple[_SessionRequest, Timeline, Any], result: Any) -> Any:
         call, attempt, response = state
-        call.attempt = None  # from here on the response owns the attempt
-        _headers_received(attempt, response)
+        call.attempt = None
         content = response.content
+        # From here on the body stream owns the attempt (before anything here can fail: the
+        # response's release or close then still ends it).
+        _streams[content] = attempt
+        _headers_received(attempt, response)
         if content.is_eof():  # no body, or all of it came with the headers
-            self._emitter.finish(attempt)
+            self._end_body(content)
         else:
-            _streams[content] = attempt
-            content.on_eof(partial(self._body_complete, attempt, content))
+            content.on_eof(partial(self._end_body, content))
         return result
 
-    def _body_complete(self, attempt: Timeline, content: Any) -> None:
-        try:
-            _streams.pop(content, None)
-        finally:
-            self._emitter.finish(attempt)
-
     def _response_done(self, response: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        attempt: Timeline | None = response.__dict__.get(_TIMELINE_ATTR)
-        if attempt is not None and not attempt.ended:
-            _streams.pop(response.content, None)
-            self._emitter.finish(attempt)
+        self._end_body(response.content)
 
     def _body_read_fails(self, stream: Any, exc: BaseException) -> None:
         # The program's read of the body was cancelled or timed out: the attempt ends here, in
         # the receive phase, with what the program sees.
-        attempt = _streams.pop(stream, None)
-        if attempt is not None:
-            self._emitter.finish_failed(attempt, exc)
+        self._end_body(stream, exc)
 
     def _connection_closes(
         self, protocol: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -281,15 +289,13 @@ class AiohttpAdapter:
         # Closing the connection (the session or connector closing) drops the body stream
         # without telling it: the attempt ends here, cut short.
         payload = protocol._payload
-        if payload is None:
+        if payload is None or payload not in _streams:
             return
-        attempt = _streams.pop(payload, None)
-        if attempt is not None and not attempt.ended:
-            # A body that ends at the close (no length, not chunked) is complete: feed_eof
-            # marks the stream before its callbacks release the connection.
-            if not payload.is_eof():
-                attempt.fail(ClientConnectionError("Connection closed"))
-            self._emitter.finish(attempt)
+        # A body that ends at the close (no length, not chunked) is complete: feed_eof marks
+        # the stream before its callbacks release the connection.
+        self._end_body(
+            payload, None if payload.is_eof() else ClientConnectionError("Connection closed")
+        )
 
     # -- the connection pool ------------------------------------------------------------------
 
@@ -307,9 +313,7 @@ class AiohttpAdapter:
         return result
 
     def _body_fails(self, stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        attempt = _streams.pop(stream, None)
-        if attempt is not None:
-            self._emitter.finish_failed(attempt, _arg(args, kwargs, 0, "exc"))
+        self._end_body(stream, _arg(args, kwargs, 0, "exc"))
 
 
 # -- hooks that need no emitter ------------------------------------------------------------------
@@ -437,7 +441,6 @@ def _headers_received(attempt: Timeline, response: Any) -> None:
         attempt.protocol_version = f"{version.major}.{version.minor}"
     attempt.response_headers = response.raw_headers
     attempt.stream = counter_for(response.headers.get("Content-Type"))
-    response.__dict__[_TIMELINE_ATTR] = attempt
     # Body bytes that came in the same reads as the headers are already buffered.
     for chunk in getattr(response.content, "_buffer", ()):
         attempt.chunk(chunk)

@@ -210,7 +210,7 @@ def _write_html(html_file: str, page: str) -> None:
     type=click.FloatRange(min=0),
     default=0.3,
     show_default=True,
-    help="Seconds before the first byte (reported in openai-processing-ms).",
+    help="Seconds before the first byte (OpenAI's openai-processing-ms reports it).",
 )
 @click.option(
     "--tokens-per-second",
@@ -224,7 +224,7 @@ def _write_html(html_file: str, page: str) -> None:
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Answer every N-th request with 429 and retry-after-ms (0: never).",
+    help="Answer every N-th request with 429 and retry-after (0: never).",
 )
 @click.option("--retry-after-ms", type=click.IntRange(min=0), default=250, show_default=True)
 @click.option(
@@ -255,7 +255,16 @@ def mock_server(
     tls_delay: float,
     seed: int | None,
 ) -> None:
-    """An OpenAI-compatible server with a realistic latency profile (Ctrl-C to stop)."""
+    """A mock LLM server with a realistic latency profile (Ctrl-C to stop).
+
+    \b
+    It speaks three APIs, streamed or not, each as its SDK reads it:
+      OpenAI     POST /v1/chat/completions, GET /v1/models
+      Anthropic  POST /v1/messages
+      Ollama     POST /api/chat, POST /api/generate, GET /api/tags
+    The same profile for all: time to the first byte, tokens per second, scripted 429s and
+    500s. Any other path is a 404.
+    """
     profile = Profile(
         ttfb=ttfb,
         tokens_per_second=tokens_per_second,

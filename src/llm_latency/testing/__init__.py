@@ -1,5 +1,6 @@
-"""Real peers on loopback for rehearsing: an OpenAI-compatible mock server with a realistic
-latency profile, and a DNS server that answers as slowly as asked.
+"""Real peers on loopback for rehearsing: a mock LLM server with a realistic latency profile
+that speaks OpenAI's chat completions, Anthropic's messages and Ollama's native API (each as its
+real SDK reads it), and a DNS server that answers as slowly as asked.
 
 The CLI's ``demo`` and ``mock-server``, llm-latency's own tests, and a program's own tests use
 them alike. They need the ``cli`` extra (``pip install 'llm-latency[cli]'``: aiohttp, trustme,

@@ -1,11 +1,26 @@
-"""An OpenAI-compatible mock server with a realistic latency profile, for the demo, for load
-tests and for rehearsing alerts.
+"""A mock LLM server with a realistic latency profile, for the demo, for load tests, for
+rehearsing alerts and for a program's own tests. It speaks three APIs, each as its real SDK
+reads it:
 
-``POST /v1/chat/completions`` (streamed with ``"stream": true``, or not) and ``GET /v1/models``.
-Every response carries ``x-request-id``, ``openai-processing-ms`` (the time the server really
-spent from the request's arrival to its response headers, measured, as a real provider's is) and
-``x-ratelimit-*`` headers. Every ``rate_limit_every``-th request gets a 429 with
-``retry-after-ms``; a share ``error_rate`` of requests gets a 500. Over TLS, a throwaway
+- OpenAI (:mod:`~llm_latency.testing.mock_openai`): ``POST /v1/chat/completions``, JSON or
+  Server-Sent Events ending with a ``finish_reason: "stop"`` chunk, a usage chunk when
+  ``stream_options.include_usage`` asks for it, and ``data: [DONE]``; ``GET /v1/models``.
+  Headers ``x-request-id``, ``openai-processing-ms`` (the time the server really spent from
+  the request's arrival to its response headers, measured, as a real provider's is) and
+  ``x-ratelimit-*``.
+- Anthropic (:mod:`~llm_latency.testing.mock_anthropic`): ``POST /v1/messages``, JSON or
+  Anthropic's events (``message_start`` ... ``message_delta`` with ``stop_reason`` and usage,
+  ``message_stop``); headers ``request-id`` and ``anthropic-ratelimit-*``. ``GET /v1/models``
+  answers in Anthropic's shape to a request with an ``anthropic-version`` header.
+- Ollama (:mod:`~llm_latency.testing.mock_ollama`): ``POST /api/chat`` and
+  ``POST /api/generate``, NDJSON streams ending with a ``"done": true`` line and its statistics,
+  or one JSON object with ``"stream": false``; ``GET /api/tags``, ``GET /api/version``. No
+  request id, as Ollama sends none.
+
+Every route follows the same :class:`Profile`: the time to the first byte, tokens per second,
+every ``rate_limit_every``-th request (counted over all routes) a 429 with ``retry-after``
+(and ``retry-after-ms`` on the OpenAI route, as OpenAI sends it), a share ``error_rate`` of
+requests a 500. An unknown path is a 404 with an error in OpenAI's shape. Over TLS, a throwaway
 certificate authority (``trustme``) signs the server's certificate, and a front that holds each
 ClientHello for ``tls_delay`` seconds makes the handshake as slow as a far server's.
 """
@@ -14,170 +29,64 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
-import logging
-import random
 import ssl
 import tempfile
-import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from llm_latency.testing import mock_anthropic, mock_ollama, mock_openai
+from llm_latency.testing.mock_common import STATE, Profile, ServerState, log_to_stderr
 
-@dataclass
-class Profile:
-    """How the mock server behaves."""
+__all__ = [
+    "STATE",
+    "Certificates",
+    "HandshakeDelay",
+    "Profile",
+    "RunningServer",
+    "ServerState",
+    "log_to_stderr",
+    "make_app",
+    "make_certificates",
+    "running",
+]
 
-    ttfb: float = 0.3
-    tokens_per_second: float = 50.0
-    tokens: int = 20
-    rate_limit_every: int = 0
-    retry_after_ms: int = 250
-    error_rate: float = 0.0
-    tls_delay: float = 0.0
-    seed: int | None = None
-    rate_limit_requests: int = 500
-
-
-@dataclass
-class ServerState:
-    """The mock server's running state; ``rate_limit_next`` makes the next N requests 429."""
-
-    profile: Profile
-    counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    rng: random.Random = field(default_factory=random.Random)
-    rate_limit_next: int = 0
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-STATE = web.AppKey("state", ServerState)
-_log = logging.getLogger(__name__)
-
-
-def log_to_stderr() -> None:
-    """Show the server's log lines (one line per event, e.g. a client that hung up
-    mid-response) on stderr: what ``llm-latency mock-server`` does."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("llm-latency mock-server: %(message)s"))
-    _log.addHandler(handler)
-    _log.setLevel(logging.INFO)
-    _log.propagate = False
-
-
-def _headers(state: ServerState, number: int, processing: float) -> dict[str, str]:
-    limit = state.profile.rate_limit_requests
-    return {
-        "x-request-id": f"req_{uuid.uuid4().hex[:24]}",
-        "openai-processing-ms": str(int(processing * 1000)),  # whole ms, never more than spent
-        "openai-model": "mock-gpt",
-        "x-ratelimit-limit-requests": str(limit),
-        "x-ratelimit-remaining-requests": str(max(limit - number % limit, 0)),
-        "x-ratelimit-limit-tokens": "200000",
-        "x-ratelimit-remaining-tokens": str(200000 - (number * 100) % 200000),
-        "x-ratelimit-reset-requests": "1s",
-    }
-
-
-async def _chat(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    profile = state.profile
-    number = next(state.counter)
-    loop = asyncio.get_running_loop()
-    arrived = loop.time()
+@web.middleware
+async def _json_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Unknown paths and methods get a JSON 404 in OpenAI's shape, not aiohttp's text page."""
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    limited = state.rate_limit_next > 0
-    if limited:
-        state.rate_limit_next -= 1
-    if limited or (profile.rate_limit_every and number % profile.rate_limit_every == 0):
-        return web.json_response(
-            {"error": {"message": "Rate limit reached (mock)", "type": "rate_limit_error"}},
-            status=429,
-            headers={
-                **_headers(state, number, loop.time() - arrived),
-                "retry-after-ms": str(profile.retry_after_ms),
-                "retry-after": str(max(1, round(profile.retry_after_ms / 1000))),
-            },
-        )
-    if profile.error_rate and state.rng.random() < profile.error_rate:
-        return web.json_response(
-            {"error": {"message": "Internal error (mock)", "type": "server_error"}}, status=500
-        )
-    await asyncio.sleep(profile.ttfb)
-    model = str(body.get("model", "mock-gpt"))
-    words = [f"token{i} " for i in range(profile.tokens)]
-    base = {"id": f"chatcmpl-{number}", "created": 0, "model": model}
-    if not body.get("stream"):
-        # The whole answer is generated before the headers: that is the processing time.
-        generation = profile.tokens / max(profile.tokens_per_second, 1e-3)
-        await asyncio.sleep(generation)
-        headers = _headers(state, number, loop.time() - arrived)
-        return web.json_response(
-            {
-                **base,
-                "object": "chat.completion",
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": "".join(words)},
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": 8,
-                    "completion_tokens": profile.tokens,
-                    "total_tokens": 8 + profile.tokens,
-                },
-            },
-            headers=headers,
-        )
-    response = web.StreamResponse(headers=_headers(state, number, loop.time() - arrived))
-    response.content_type = "text/event-stream"
-    gap = 1.0 / max(profile.tokens_per_second, 1e-3)
-    sent = 0
-    try:
-        await response.prepare(request)
-        for i, word in enumerate(words):
-            if i:
-                await asyncio.sleep(gap)
-            chunk = {
-                **base,
-                "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
-            }
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            sent += 1
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
-        peer = request.remote or "the client"
-        _log.info(
-            "%s hung up mid-stream: request %d got %d of %d chunks", peer, number, sent, len(words)
-        )
-    return response
+        return await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+        return mock_openai.not_found(request)
 
 
 async def _models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [{"id": "mock-gpt", "object": "model"}]})
+    # Both SDKs list models at this path; the anthropic SDK always sends anthropic-version.
+    if "anthropic-version" in request.headers:
+        return mock_anthropic.models()
+    return mock_openai.models()
 
 
 def make_app(profile: Profile) -> web.Application:
     """The aiohttp application of the mock server."""
-    app = web.Application()
+    app = web.Application(middlewares=[_json_errors])
     state = ServerState(profile)
     if profile.seed is not None:
         state.rng.seed(profile.seed)
     app[STATE] = state
-    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/chat/completions", mock_openai.chat_completions)
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/messages", mock_anthropic.messages)
+    app.router.add_post("/api/chat", mock_ollama.chat)
+    app.router.add_post("/api/generate", mock_ollama.generate)
+    app.router.add_get("/api/tags", mock_ollama.tags)
+    app.router.add_get("/api/version", mock_ollama.version)
     return app
 
 

@@ -1,0 +1,147 @@
+"""The mock server's OpenAI API: ``POST /v1/chat/completions`` (JSON, or Server-Sent Events
+with ``"stream": true``) and ``GET /v1/models``, in the shapes of the ``openai`` SDK's types.
+
+A stream is one ``chat.completion.chunk`` per token (the first also carries the assistant's
+role), then a chunk with an empty delta and ``finish_reason: "stop"``, then, when the request
+asks for ``stream_options: {"include_usage": true}``, a chunk with no choices and the usage
+(every chunk before it then carries ``"usage": null``, as OpenAI's do), then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from llm_latency.testing.mock_common import (
+    PROMPT_TOKENS,
+    Part,
+    Turn,
+    now_seconds,
+    request_id,
+    sse,
+    start_turn,
+    write_stream,
+)
+
+MODEL = "mock-gpt"
+
+
+def headers(turn: Turn) -> dict[str, str]:
+    """OpenAI's response headers: the request id, the time the server really spent from the
+    request's arrival to now (``openai-processing-ms``, whole ms, never more than spent) and the
+    rate limits."""
+    limit = turn.profile.rate_limit_requests
+    number = turn.number
+    return {
+        "x-request-id": request_id(),
+        "openai-processing-ms": str(int(turn.elapsed() * 1000)),
+        "openai-model": MODEL,
+        "x-ratelimit-limit-requests": str(limit),
+        "x-ratelimit-remaining-requests": str(max(limit - number % limit, 0)),
+        "x-ratelimit-limit-tokens": "200000",
+        "x-ratelimit-remaining-tokens": str(200000 - (number * 100) % 200000),
+        "x-ratelimit-reset-requests": "1s",
+    }
+
+
+def error_body(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
+    """An error in OpenAI's shape."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def failure_response(turn: Turn) -> web.Response | None:
+    """The scripted 429 (with ``retry-after-ms`` and ``retry-after``) or 500, if any."""
+    if turn.failure == "rate_limit":
+        return web.json_response(
+            error_body("Rate limit reached (mock)", "requests", "rate_limit_exceeded"),
+            status=429,
+            headers={
+                **headers(turn),
+                "retry-after-ms": str(turn.profile.retry_after_ms),
+                "retry-after": turn.retry_after_seconds(),
+            },
+        )
+    if turn.failure == "error":
+        return web.json_response(
+            error_body("Internal error (mock)", "server_error"), status=500, headers=headers(turn)
+        )
+    return None
+
+
+def _usage(turn: Turn) -> dict[str, Any]:
+    tokens = turn.profile.tokens
+    return {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": tokens,
+        "total_tokens": PROMPT_TOKENS + tokens,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+    }
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions``."""
+    turn = await start_turn(request)
+    failed = failure_response(turn)
+    if failed is not None:
+        return failed
+    stream = bool(turn.body.get("stream"))
+    await turn.answer(stream)
+    words = turn.words()
+    base = {"id": f"chatcmpl-{turn.number}", "created": now_seconds(), "model": turn.model(MODEL)}
+    if not stream:
+        # The whole answer is generated before the headers: that is the processing time.
+        message = {"role": "assistant", "content": "".join(words), "refusal": None}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+        body = {
+            **base,
+            "object": "chat.completion",
+            "choices": [choice],
+            "usage": _usage(turn),
+        }
+        return web.json_response(body, headers=headers(turn))
+    options = turn.body.get("stream_options")
+    with_usage = isinstance(options, dict) and options.get("include_usage") is True
+    response = web.StreamResponse(headers=headers(turn))
+    response.content_type = "text/event-stream"
+    return await write_stream(request, response, turn, _chunks(turn, base, words, with_usage))
+
+
+def _chunks(
+    turn: Turn, base: dict[str, Any], words: list[str], with_usage: bool
+) -> list[tuple[Part, bool]]:
+    extra: dict[str, Any] = {"usage": None} if with_usage else {}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return sse({**base, "object": "chat.completion.chunk", "choices": [choice], **extra})
+
+    pieces: list[tuple[Part, bool]] = [
+        (chunk({"role": "assistant", "content": word} if i == 0 else {"content": word}, None), True)
+        for i, word in enumerate(words)
+    ]
+    pieces.append((chunk({}, "stop"), False))
+    if with_usage:
+        usage = {**base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(turn)}
+        pieces.append((sse(usage), False))
+    pieces.append((b"data: [DONE]\n\n", False))
+    return pieces
+
+
+def models() -> web.Response:
+    """``GET /v1/models`` in OpenAI's shape."""
+    model = {"id": MODEL, "object": "model", "created": 0, "owned_by": "llm-latency"}
+    return web.json_response(
+        {"object": "list", "data": [model]}, headers={"x-request-id": request_id()}
+    )
+
+
+def not_found(request: web.Request) -> web.Response:
+    """A 404 in OpenAI's shape, for any unknown path (or method)."""
+    message = f"Invalid URL ({request.method} {request.path})"
+    return web.json_response(
+        error_body(message, "invalid_request_error"),
+        status=404,
+        headers={"x-request-id": request_id()},
+    )
