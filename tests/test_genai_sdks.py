@@ -7,6 +7,7 @@ llm-latency."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -185,45 +186,58 @@ async def call(is_async: bool, work: Callable[[], Any]) -> Any:
 GENAI_TRANSPORTS = ["sync", "async-aiohttp", "async-httpx"]
 
 
-def genai_client(provider: GenAIServer, transport: str, retries: int = 0) -> genai.Client:
+@contextlib.asynccontextmanager
+async def genai_client(
+    provider: GenAIServer, transport: str, retries: int = 0
+) -> AsyncIterator[genai.Client]:
+    """A client for ``transport``; closed after, with the httpx client given to it."""
     options: dict[str, Any] = {"base_url": provider.base("gemini"), "api_version": "v1beta"}
     if retries:
         options["retry_options"] = genai_types.HttpRetryOptions(
             attempts=retries + 1, initial_delay=0.05, max_delay=0.1, jitter=0.0,
             http_status_codes=[429],
         )  # fmt: skip
-    if transport == "async-httpx":
-        options["httpx_async_client"] = httpx.AsyncClient()
-    return genai.Client(api_key="gemini-key", http_options=genai_types.HttpOptions(**options))
+    http = httpx.AsyncClient() if transport == "async-httpx" else None
+    if http is not None:
+        options["httpx_async_client"] = http
+    client = genai.Client(api_key="gemini-key", http_options=genai_types.HttpOptions(**options))
+    try:
+        if transport == "sync":
+            yield client
+            await asyncio.to_thread(client.close)
+        else:
+            async with client.aio:
+                yield client
+    finally:
+        if http is not None:
+            await http.aclose()
 
 
 async def genai_generate(provider: GenAIServer, transport: str, retries: int = 0) -> str:
-    client = genai_client(provider, transport, retries)
-    if transport == "sync":
-        with client:
+    async with genai_client(provider, transport, retries) as client:
+        if transport == "sync":
             response = await asyncio.to_thread(
                 client.models.generate_content, model="gemini-test", contents="hi"
             )
-    else:
-        async with client.aio as aio:
-            response = await aio.models.generate_content(model="gemini-test", contents="hi")
+        else:
+            response = await client.aio.models.generate_content(model="gemini-test", contents="hi")
     assert response.text == TEXT
     return TEXT
 
 
 async def genai_stream(provider: GenAIServer, transport: str) -> str:
-    client = genai_client(provider, transport)
-    if transport == "sync":
+    async with genai_client(provider, transport) as client:
+        if transport == "sync":
 
-        def read() -> list[str]:
-            with client:
+            def read() -> list[str]:
                 stream = client.models.generate_content_stream(model="gemini-test", contents="hi")
                 return [chunk.text or "" for chunk in stream]
 
-        texts = await asyncio.to_thread(read)
-    else:
-        async with client.aio as aio:
-            stream = await aio.models.generate_content_stream(model="gemini-test", contents="hi")
+            texts = await asyncio.to_thread(read)
+        else:
+            stream = await client.aio.models.generate_content_stream(
+                model="gemini-test", contents="hi"
+            )
             texts = [chunk.text or "" async for chunk in stream]
     assert texts == TOKENS
     return TEXT
@@ -260,10 +274,8 @@ async def test_genai_retries_grouped(
     call_span, _ = assert_call(telemetry, GEMINI, failures=2)
     waits = [s for s in children(telemetry, call_span) if s.name == "retry.backoff"]
     # tenacity's exponential waits (no jitter): 0.05 s, then 0.1 s.
-    assert [seconds(w) >= d - EARLY for w, d in zip(waits, (0.05, 0.1), strict=True)] == [
-        True,
-        True,
-    ]
+    for wait, delay in zip(waits, (0.05, 0.1), strict=True):
+        assert seconds(wait) >= delay - EARLY
 
 
 # -- mistralai -----------------------------------------------------------------------------------
@@ -276,21 +288,27 @@ def mistral_retries() -> Any:
 
 
 async def mistral_chat(provider: GenAIServer, is_async: bool, stream: bool = False) -> str:
-    client = Mistral(api_key="mistral-key", server_url=provider.base("mistral"))
     kwargs: dict[str, Any] = {"model": "mistral-test", "messages": MESSAGES}
     kwargs["retries"] = mistral_retries()
-    if not stream:
-        method = client.chat.complete_async if is_async else client.chat.complete
-        response = await call(is_async, lambda: method(**kwargs))
-        return str(response.choices[0].message.content)
+
+    def client() -> Any:
+        return Mistral(api_key="mistral-key", server_url=provider.base("mistral"))
+
     if is_async:
-        events = await client.chat.stream_async(**kwargs)
-        texts = [e.data.choices[0].delta.content async for e in events]
-    else:
-        texts = await asyncio.to_thread(
-            lambda: [e.data.choices[0].delta.content for e in client.chat.stream(**kwargs)]
-        )
-    return "".join(texts)
+        async with client() as mistral:
+            if not stream:
+                response = await mistral.chat.complete_async(**kwargs)
+                return str(response.choices[0].message.content)
+            events = await mistral.chat.stream_async(**kwargs)
+            return "".join([e.data.choices[0].delta.content async for e in events])
+
+    def sync() -> str:
+        with client() as mistral:
+            if not stream:
+                return str(mistral.chat.complete(**kwargs).choices[0].message.content)
+            return "".join(e.data.choices[0].delta.content for e in mistral.chat.stream(**kwargs))
+
+    return await asyncio.to_thread(sync)
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
@@ -333,21 +351,25 @@ async def test_mistral_retries_grouped(
 
 async def cohere_chat(provider: GenAIServer, is_async: bool, stream: bool = False) -> str:
     factory = cohere.AsyncClientV2 if is_async else cohere.ClientV2
-    client: Any = factory(api_key="cohere-key", base_url=provider.base("cohere"))
+    http: Any = httpx.AsyncClient() if is_async else httpx.Client()
+    client: Any = factory(api_key="cohere-key", base_url=provider.base("cohere"), httpx_client=http)
     options = {"max_retries": 2}
     kwargs: dict[str, Any] = {"model": "command-test", "messages": MESSAGES}
-    if not stream:
-        response = await call(is_async, lambda: client.chat(**kwargs, request_options=options))
-        return str(response.message.content[0].text)
 
     def text(event: Any) -> str:
         return str(event.delta.message.content.text) if event.type == "content-delta" else ""
 
-    if is_async:
-        texts = [text(e) async for e in client.chat_stream(**kwargs)]
-    else:
-        texts = await asyncio.to_thread(lambda: [text(e) for e in client.chat_stream(**kwargs)])
-    return "".join(texts)
+    try:
+        if not stream:
+            response = await call(is_async, lambda: client.chat(**kwargs, request_options=options))
+            return str(response.message.content[0].text)
+        if is_async:
+            return "".join([text(e) async for e in client.chat_stream(**kwargs)])
+        return "".join(
+            await asyncio.to_thread(lambda: [text(e) for e in client.chat_stream(**kwargs)])
+        )
+    finally:
+        await (http.aclose() if is_async else asyncio.to_thread(http.close))
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
@@ -393,20 +415,23 @@ async def groq_chat(provider: GenAIServer, is_async: bool, stream: bool = False)
     factory = groq.AsyncGroq if is_async else groq.Groq
     client: Any = factory(api_key="gsk-key", base_url=provider.base("groq"), max_retries=2)
     kwargs: dict[str, Any] = {"model": "groq-test", "messages": MESSAGES}
-    if not stream:
-        completion = await call(is_async, lambda: client.chat.completions.create(**kwargs))
-        return str(completion.choices[0].message.content)
-    if is_async:
-        chunks = await client.chat.completions.create(**kwargs, stream=True)
-        texts = [c.choices[0].delta.content async for c in chunks]
-    else:
-        texts = await asyncio.to_thread(
-            lambda: [
-                c.choices[0].delta.content
-                for c in client.chat.completions.create(**kwargs, stream=True)
-            ]
+    try:
+        if not stream:
+            completion = await call(is_async, lambda: client.chat.completions.create(**kwargs))
+            return str(completion.choices[0].message.content)
+        if is_async:
+            chunks = await client.chat.completions.create(**kwargs, stream=True)
+            return "".join([c.choices[0].delta.content async for c in chunks])
+        return "".join(
+            await asyncio.to_thread(
+                lambda: [
+                    c.choices[0].delta.content
+                    for c in client.chat.completions.create(**kwargs, stream=True)
+                ]
+            )
         )
-    return "".join(texts)
+    finally:
+        await (client.close() if is_async else asyncio.to_thread(client.close))
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])

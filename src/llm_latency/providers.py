@@ -234,6 +234,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{path}")
             for path in ("fim/completions", "agents/completions", "conversations", "ocr")
         ),
+        note="and OpenAI's (`/v1/chat/completions`, `/v1/embeddings`, ...)",
         request_id_headers=("mistral-correlation-id", "x-kong-request-id"),
         server_time_headers=(
             ("x-envoy-upstream-service-time", MILLISECONDS),
