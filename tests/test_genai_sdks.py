@@ -23,9 +23,10 @@ import pytest
 from google import genai
 from google.genai import types as genai_types
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.checks import compare
+import llm_latency
+from tests.checks import compare, run
 from tests.conftest import Telemetry, seconds
 from tests.genai_api import (
     HEADERS,
@@ -466,6 +467,45 @@ async def test_groq_retries_grouped(
     call_span, _ = assert_call(telemetry, GROQ, failures=1)
     (wait,) = [s for s in children(telemetry, call_span) if s.name == "retry.backoff"]
     assert attrs(wait)["llm_latency.backoff.retry_after"] == pytest.approx(RETRY_AFTER_MS / 1000)
+
+
+# -- retries exhausted ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sdk", ["google-genai", "cohere", "groq"])
+async def test_retries_exhausted_end_the_call_with_the_sdks_error(
+    telemetry: Telemetry, provider: GenAIServer, sdk: str
+) -> None:
+    """Every attempt rate-limited: the program gets the SDK's own error, as without
+    llm-latency, and the call span ends with it after the three attempts."""
+    calls: dict[str, tuple[Callable[[], Awaitable[Any]], Expected]] = {
+        "google-genai": (lambda: genai_generate(provider, "async-aiohttp", retries=2), GEMINI),
+        "cohere": (lambda: cohere_chat(provider, True), COHERE),
+        "groq": (lambda: groq_chat(provider, True), GROQ),
+    }
+    work, expected = calls[sdk]
+
+    async def scenario() -> Any:
+        provider.fail_next = 3
+        return await work()
+
+    # The error's text may quote the response's Date header: the two runs compare by kind.
+    llm_latency.uninstrument()
+    bare = await run(scenario)
+    telemetry.instrument()
+    outcome = await run(scenario)
+    telemetry.assert_all_ended_once()
+    assert outcome.kind is bare.kind and outcome.kind is not None
+    assert "429" in outcome.text + outcome.kind.__name__
+    (call_span,) = [s for s in telemetry.spans() if s.name == expected.call]
+    assert attrs(call_span)["llm_latency.attempts"] == 3
+    assert call_span.status.status_code is StatusCode.ERROR
+    # The SDK's exception when it raised inside the call; cohere's request returns the last
+    # 429 and its caller raises: the call says what its last attempt got.
+    assert attrs(call_span)["error.type"] == ("429" if sdk == "cohere" else outcome.kind.__name__)
+    under = children(telemetry, call_span)
+    assert [s.name for s in under] == [expected.attempt, "retry.backoff"] * 2 + [expected.attempt]
+    assert [attrs(s)["http.response.status_code"] for s in under[0::2]] == [429] * 3
 
 
 # -- beside the official GenAI instrumentation, and lazily --------------------------------------

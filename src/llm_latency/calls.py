@@ -98,6 +98,12 @@ class LogicalCall:
         self.last_host = host
         return self._returned and self._open_attempts <= 0
 
+    @property
+    def failed_last(self) -> str | None:
+        """When no attempt is open and the latest one failed, why (its error type or status):
+        an SDK that returns a failed response and raises only above the call (cohere's)."""
+        return self._last_reason if self._open_attempts <= 0 else None
+
     def returned(self) -> bool:
         """The operation returned (or raised). True when the whole call is over; False while
         an attempt is still open (a stream still being read ends it later)."""

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from opentelemetry.trace import Status, StatusCode
+
 from llm_latency import semconv
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
 from llm_latency.calls import LogicalCall, current_call
@@ -220,6 +222,11 @@ class SdkAdapter:
         self._emitter.exit_call(attached)
         _inside.reset(inside)
         current_call.reset(token)
+        failed = call.failed_last if error is None else None
+        if failed is not None and call.span is not None:
+            # The SDK returned its last, failed response and raises only above this method.
+            call.span.set_status(Status(StatusCode.ERROR, failed))
+            call.span.set_attribute(semconv.ERROR_TYPE, failed)
         self._emitter.close_call(call, error)
 
     def _enter(self, client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
