@@ -86,6 +86,9 @@ SDKS: dict[str, Target] = {
     "anthropic": Target(
         "anthropic", "anthropic >= 2.0, < 3", "llm_latency.adapters.sdks:AnthropicAdapter"
     ),
+    "botocore": Target(
+        "botocore", "botocore >= 1.35, < 2", "llm_latency.adapters.botocore:BotocoreAdapter"
+    ),
 }
 
 
