@@ -2,8 +2,8 @@
 client: Converse, ConverseStream, InvokeModel and InvokeModelWithResponseStream, streamed in
 AWS's event-stream encoding (prelude, typed headers, payload, both CRC32s), Bedrock's response
 headers, and scripted throttling (a model id ``throttle-N-NAME`` gets a 429
-``ThrottlingException`` on its first N attempts). Also a bare S3 bucket (``HEAD /{bucket}``),
-for a call of another AWS service."""
+``ThrottlingException`` on its first N attempts). Also bedrock-agent-runtime's Retrieve, and a
+bare S3 bucket (``HEAD /{bucket}``) for a call of another AWS service."""
 
 from __future__ import annotations
 
@@ -181,6 +181,13 @@ async def _invoke_stream(request: web.Request) -> web.StreamResponse:
     return await _stream(request, invoke_stream_events())
 
 
+async def _retrieve(request: web.Request) -> web.StreamResponse:
+    """bedrock-agent-runtime's Retrieve, from a knowledge base with nothing in it."""
+    await request.read()
+    await asyncio.sleep(WAIT)
+    return web.json_response({"retrievalResults": []}, headers=_headers(request.app[SERVER]))
+
+
 async def _head_bucket(request: web.Request) -> web.StreamResponse:
     return web.Response(headers={"x-amz-request-id": "s3-req-1"})
 
@@ -198,6 +205,7 @@ async def bedrock_server() -> AsyncIterator[BedrockServer]:
     app.router.add_post("/model/{model}/converse-stream", _converse_stream)
     app.router.add_post("/model/{model}/invoke", _invoke)
     app.router.add_post("/model/{model}/invoke-with-response-stream", _invoke_stream)
+    app.router.add_post("/knowledgebases/{kb}/retrieve", _retrieve)
     app.router.add_route("HEAD", "/{bucket}", _head_bucket)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
