@@ -35,6 +35,8 @@ from tests.conftest import Telemetry, seconds
 from tests.test_retries import assert_attempts_and_waits, attrs, by_name, children
 
 MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
+#: An inference profile's ARN: botocore percent-encodes its "/" and ":" in the path.
+PROFILE_ARN = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-v1:0"
 MESSAGES = [{"role": "user", "content": [{"text": "hi"}]}]
 
 
@@ -206,7 +208,9 @@ async def test_converse_stream_closed_early(telemetry: Telemetry, bedrock: Bedro
 
 async def test_invoke_model(telemetry: Telemetry, bedrock: BedrockServer) -> None:
     def work() -> Any:
-        response = client(bedrock).invoke_model(modelId=MODEL, body=json.dumps({"prompt": "hi"}))
+        response = client(bedrock).invoke_model(
+            modelId=PROFILE_ARN, body=json.dumps({"prompt": "hi"})
+        )
         return {**response, "body": json.loads(response["body"].read())}
 
     response = returned(await without_and_with(telemetry, work))
