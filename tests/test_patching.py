@@ -237,7 +237,9 @@ async def test_a_client_outside_its_supported_range_is_skipped(
 def test_instrumentation_dependencies_are_the_supported_ranges() -> None:
     dependencies = [Requirement(r) for r in LLMLatencyInstrumentor().instrumentation_dependencies()]
     names = [requirement.name for requirement in dependencies]
-    assert names == ["aiohttp", "httpcore", "httpcore2", "urllib3", "openai", "anthropic"]
+    assert names == [
+        "aiohttp", "httpcore", "httpcore2", "urllib3", "openai", "anthropic", "botocore"
+    ]  # fmt: skip
     # The same ranges as the package's extras (the versions CI tests, oldest and newest).
     extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"

@@ -86,6 +86,9 @@ SDKS: dict[str, Target] = {
     "anthropic": Target(
         "anthropic", "anthropic >= 2.0, < 3", "llm_latency.adapters.sdks:AnthropicAdapter"
     ),
+    "botocore": Target(
+        "botocore", "botocore >= 1.35, < 2", "llm_latency.adapters.botocore:BotocoreAdapter"
+    ),
 }
 
 
@@ -173,7 +176,10 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     emitter: Emitter | None = None
     #: The emitter whose import hooks may still install adapters (None once uninstrumented).
     _live: Emitter | None = None
-    _adapters_lock = threading.Lock()
+    # Reentrant: installing one adapter may import another hooked library, whose import hook
+    # then installs its adapter inside the first (botocore's hook imports botocore.client,
+    # which imports urllib3 for the first time).
+    _adapters_lock = threading.RLock()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         """The supported range of every library llm-latency hooks. Any one of the clients is
