@@ -33,7 +33,7 @@ from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
 from llm_latency.setup import tracer_provider_is_set
-from llm_latency.suppression import under_http_client_span
+from llm_latency.suppression import under_genai_span, under_http_client_span
 from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 from llm_latency.urls import redact, route_template
 from llm_latency.version import __version__
@@ -226,9 +226,7 @@ class Emitter:
             # The set-up at the first request happens here when a call opens first, or the
             # first call's span would go to the API's no-op tracer.
             self._settle_tracer()
-        current = get_current_span()
-        current_attributes = getattr(current, "attributes", None) or {}
-        if current.is_recording() and any(key.startswith("gen_ai.") for key in current_attributes):
+        if under_genai_span():
             return LogicalCall(own_backoffs=own_backoffs)
         span = self._tracer.start_span(name, kind=_INTERNAL, attributes=attributes)
         return LogicalCall(span, own_backoffs=own_backoffs)
