@@ -68,6 +68,7 @@ class Emitter:
         *,
         capture_headers: tuple[str, ...],
         phase_spans: bool = True,
+        phase_span_fast_path: bool = True,
         before_first_request: Callable[[], None] | None = None,
     ) -> None:
         self._tracer = tracer
@@ -85,7 +86,8 @@ class Emitter:
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
         self._failure_logged = False
         self.metrics = AttemptMetrics(meter)
-        self._phase_writer = PhaseSpanWriter(tracer)
+        self._fast_path = phase_span_fast_path
+        self._phase_writer = PhaseSpanWriter(tracer, fast_path=phase_span_fast_path)
         # Attempts started and not yet ended: ended by finish_all() when the plugin is
         # uninstrumented, since the hooks that would end them are gone then.
         self._open: set[Timeline] = set()
@@ -175,7 +177,7 @@ class Emitter:
             self._tracer = trace.get_tracer(
                 semconv.SCOPE_NAME, __version__, schema_url=semconv.SCHEMA_URL
             )
-            self._phase_writer = PhaseSpanWriter(self._tracer)
+            self._phase_writer = PhaseSpanWriter(self._tracer, fast_path=self._fast_path)
 
     # -- logical calls and backoffs -----------------------------------------------------------
 

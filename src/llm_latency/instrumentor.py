@@ -168,8 +168,8 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Phase-level tracing and metrics for the HTTP clients LLM SDKs use.
 
     ``instrument(tracer_provider=None, meter_provider=None, clients=None,
-    capture_response_headers=(), phase_spans=True)``; registered under the
-    ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
+    capture_response_headers=(), phase_spans=True, phase_span_fast_path=True)``; registered
+    under the ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
     """
 
     _adapters: list[Adapter]
@@ -212,6 +212,7 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             meter,
             capture_headers=resolve_capture_list(kwargs.get("capture_response_headers") or ()),
             phase_spans=bool(kwargs.get("phase_spans", True)),
+            phase_span_fast_path=bool(kwargs.get("phase_span_fast_path", True)),
             before_first_request=before_first_request,
         )
         self.emitter = self._live = emitter
