@@ -20,6 +20,7 @@ import pytest
 from aiohttp import client_proto, client_reqrep, connector, streams
 from anthropic import _base_client as anthropic_base
 from anyio._core import _sockets as anyio_sockets
+from botocore import client as botocore_client
 from openai import _base_client as openai_base
 from opentelemetry.instrumentation.utils import (
     suppress_http_instrumentation,
@@ -80,6 +81,7 @@ PATCHED: list[tuple[Any, str]] = [
     (openai_base.AsyncAPIClient, "request"),
     (anthropic_base.SyncAPIClient, "request"),
     (anthropic_base.AsyncAPIClient, "request"),
+    (botocore_client.BaseClient, "_make_api_call"),
 ]
 
 

@@ -238,8 +238,8 @@ def test_instrumentation_dependencies_are_the_supported_ranges() -> None:
     dependencies = [Requirement(r) for r in LLMLatencyInstrumentor().instrumentation_dependencies()]
     names = [requirement.name for requirement in dependencies]
     assert names == [
-        "aiohttp", "httpcore", "httpcore2", "urllib3",
-        "openai", "anthropic", "groq", "google-genai", "mistralai", "cohere",
+        "aiohttp", "httpcore", "httpcore2", "urllib3", "openai", "anthropic",
+        "groq", "google-genai", "mistralai", "cohere", "botocore",
     ]  # fmt: skip
     # The same ranges as the package's extras (the versions CI tests, oldest and newest).
     extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][

@@ -110,6 +110,9 @@ SDKS: dict[str, Target] = {
         older_module="mistralai",
     ),
     "cohere": Target("cohere", "cohere >= 7.0, < 8", "llm_latency.adapters.sdks:CohereAdapter"),
+    "botocore": Target(
+        "botocore", "botocore >= 1.35, < 2", "llm_latency.adapters.botocore:BotocoreAdapter"
+    ),
 }
 
 
@@ -201,15 +204,18 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Phase-level tracing and metrics for the HTTP clients LLM SDKs use.
 
     ``instrument(tracer_provider=None, meter_provider=None, clients=None,
-    capture_response_headers=(), phase_spans=True)``; registered under the
-    ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
+    capture_response_headers=(), phase_spans=True, phase_span_fast_path=True)``; registered
+    under the ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
     """
 
     _adapters: list[Adapter]
     emitter: Emitter | None = None
     #: The emitter whose import hooks may still install adapters (None once uninstrumented).
     _live: Emitter | None = None
-    _adapters_lock = threading.Lock()
+    # Reentrant: installing one adapter may import another hooked library, whose import hook
+    # then installs its adapter inside the first (botocore's hook imports botocore.client,
+    # which imports urllib3 for the first time).
+    _adapters_lock = threading.RLock()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         """The supported range of every library llm-latency hooks. Any one of the clients is
@@ -242,6 +248,7 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             meter,
             capture_headers=resolve_capture_list(kwargs.get("capture_response_headers") or ()),
             phase_spans=bool(kwargs.get("phase_spans", True)),
+            phase_span_fast_path=bool(kwargs.get("phase_span_fast_path", True)),
             before_first_request=before_first_request,
         )
         self.emitter = self._live = emitter

@@ -167,8 +167,11 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         stream_types=_EVENT_STREAM,
     ),
     ProviderProfile(
-        # botocore: data/bedrock-runtime/*/service-2.json (routes), retries/standard.py and
-        # handlers.py (amz-sdk-request), parsers.py (x-amzn-requestid, event streams).
+        # botocore: data/bedrock-runtime/*/service-2.json (routes; serialize.py percent-encodes
+        # the "/" of an ARN model id, so [^/]+ holds; invoke-with-bidirectional-stream needs
+        # HTTP/2 and handlers.py removes it), retries/standard.py and handlers.py
+        # (amz-sdk-request), parsers.py (x-amzn-requestid, event streams). The invocation
+        # latency and token counts are headers of Bedrock's responses, not in botocore's model.
         name="AWS Bedrock",
         routes=tuple(
             Route(rf"(?:^|/)model/[^/]+/{path}/?$", f"/model/{{modelId}}/{path}")
