@@ -261,14 +261,25 @@ class Emitter:
         if span is not None and span.is_recording():
             span.end()
 
-    def close_call(self, call: LogicalCall, error: BaseException | None = None) -> None:
+    def close_call(
+        self,
+        call: LogicalCall,
+        error: BaseException | None = None,
+        *,
+        returned_failure: bool = False,
+    ) -> None:
         """The operation returned (or raised). Its span ends now, or when its last attempt
-        (a stream still being read) ends."""
+        (a stream still being read) ends. ``returned_failure``: when it returned with its
+        latest attempt failed (an SDK that raises only above the hooked method: cohere's), the
+        call failed for that reason."""
         span = call.span
         if span is not None and error is not None:
             span.set_status(Status(StatusCode.ERROR, error_type(error)))
             span.set_attribute(semconv.ERROR_TYPE, error_type(error))
             span.record_exception(error)
+        elif span is not None and returned_failure and call.failed_last is not None:
+            span.set_status(Status(StatusCode.ERROR, call.failed_last))
+            span.set_attribute(semconv.ERROR_TYPE, call.failed_last)
         if call.returned():
             self._end_call(call)
 

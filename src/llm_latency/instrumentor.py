@@ -111,7 +111,7 @@ SDKS: dict[str, Target] = {
     ),
     "cohere": Target("cohere", "cohere >= 7.0, < 8", "llm_latency.adapters.sdks:CohereAdapter"),
     "botocore": Target(
-        "botocore", "botocore >= 1.35, < 2", "llm_latency.adapters.botocore:BotocoreAdapter"
+        "botocore", "botocore >= 1.35, < 2", "llm_latency.adapters.sdks:BotocoreAdapter"
     ),
 }
 

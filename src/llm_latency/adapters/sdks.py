@@ -9,10 +9,20 @@ the program has no span of its own; when a GenAI span (from
 ``opentelemetry-instrumentation-openai-v2`` or ``-google-genai``, say) is already current, it is
 the parent instead. The HTTP attempts themselves come from the httpx, httpx2 or aiohttp adapter.
 
+botocore (under boto3) retries inside ``BaseClient._make_api_call`` in its legacy, standard and
+adaptive modes alike; its calls are named ``{service} {Operation}`` (``bedrock-runtime
+Converse``), and only those of the Bedrock runtimes, where each call runs a model, get a parent
+(:data:`BEDROCK_SERVICES`): every other AWS service (S3, DynamoDB, Bedrock's control plane) is
+left as without this adapter, its HTTP attempts traced like any urllib3 request. Beside
+``opentelemetry-instrumentation-botocore``, its GenAI span around a Bedrock inference is the
+parent, and its ``suppress_http_instrumentation()`` does not hide the attempts beneath a GenAI
+span (see ``suppression``).
+
 An SDK is one :class:`SdkCalls` declaration: where its retry loop is (sync and async, one
 :class:`Layout` per module layout it has had), and how to name the call from that method's
-arguments. A method that returns a context manager which sends the request when entered
-(cohere's ``HttpClient.stream``) is declared as a stream: the call opens around the entering.
+arguments (or to leave it alone). A method that returns a context manager which sends the
+request when entered (cohere's ``HttpClient.stream``) is declared as a stream: the call opens
+around the entering.
 """
 
 from __future__ import annotations
@@ -21,10 +31,8 @@ import importlib.util
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
-
-from opentelemetry.trace import Status, StatusCode
 
 from llm_latency import semconv
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
@@ -35,6 +43,12 @@ from llm_latency.urls import route_template
 
 #: ``(METHOD, path)`` of the call, from the hooked method's arguments (without ``self``).
 Describe = Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, str]]
+#: The call's span name from the SDK's name, the hooked method's ``self`` and arguments; None
+#: leaves the call alone (no parent span).
+Name = Callable[[str, Any, tuple[Any, ...], dict[str, Any]], "str | None"]
+
+#: botocore service names whose calls get a logical parent: Bedrock's runtimes.
+BEDROCK_SERVICES: Final = frozenset({"bedrock-runtime", "bedrock-agent-runtime"})
 
 _State = tuple[LogicalCall, Any, Any, Any]
 
@@ -63,7 +77,7 @@ class SdkCalls:
     sdk: str
     #: Newest first: the first whose modules exist is hooked.
     layouts: tuple[Layout, ...]
-    describe: Describe
+    name: Name
 
 
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
@@ -98,6 +112,30 @@ def _cohere(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str]:
     return str(kwargs.get("method", "")), "/" + path.lstrip("/")
 
 
+def _http_call(describe: Describe) -> Name:
+    """Names a call ``{sdk} {METHOD} {path}``."""
+
+    def name(sdk: str, _client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        method, path = describe(args, kwargs)
+        return f"{sdk} {method.upper()} {path}".strip()
+
+    return name
+
+
+def _bedrock_call(
+    _sdk: str, client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str | None:
+    """botocore: ``_make_api_call(operation_name, api_params)``; ``{service} {Operation}`` for
+    the Bedrock runtimes, None for every other service."""
+    try:
+        service = client.meta.service_model.service_name
+    except AttributeError:
+        return None
+    if service not in BEDROCK_SERVICES:
+        return None
+    return f"{service} {_arg(args, kwargs, 0, 'operation_name')}"
+
+
 def _stainless_layout(package: str) -> tuple[Layout, ...]:
     base = f"{package}._base_client"
     return (Layout((f"{base}:SyncAPIClient.request", f"{base}:AsyncAPIClient.request")),)
@@ -105,9 +143,9 @@ def _stainless_layout(package: str) -> tuple[Layout, ...]:
 
 #: Every SDK llm-latency groups calls for, by the name its spans carry.
 SDKS: dict[str, SdkCalls] = {
-    "openai": SdkCalls("openai", _stainless_layout("openai"), _stainless),
-    "anthropic": SdkCalls("anthropic", _stainless_layout("anthropic"), _stainless),
-    "groq": SdkCalls("groq", _stainless_layout("groq"), _stainless),
+    "openai": SdkCalls("openai", _stainless_layout("openai"), _http_call(_stainless)),
+    "anthropic": SdkCalls("anthropic", _stainless_layout("anthropic"), _http_call(_stainless)),
+    "groq": SdkCalls("groq", _stainless_layout("groq"), _http_call(_stainless)),
     "google-genai": SdkCalls(
         "google-genai",
         (
@@ -118,7 +156,7 @@ SDKS: dict[str, SdkCalls] = {
                 )
             ),
         ),
-        _genai,
+        _http_call(_genai),
     ),
     "mistralai": SdkCalls(
         "mistralai",
@@ -138,7 +176,7 @@ SDKS: dict[str, SdkCalls] = {
                 )
             ),
         ),
-        _mistral,
+        _http_call(_mistral),
     ),
     "cohere": SdkCalls(
         "cohere",
@@ -154,7 +192,10 @@ SDKS: dict[str, SdkCalls] = {
                 ),
             ),
         ),
-        _cohere,
+        _http_call(_cohere),
+    ),
+    "botocore": SdkCalls(
+        "botocore", (Layout(("botocore.client:BaseClient._make_api_call",)),), _bedrock_call
     ),
 }
 
@@ -207,8 +248,8 @@ class SdkAdapter:
     def _describe(self, _client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _inside.get() == self.name or not tracing_allowed():
             return SKIP
-        method, path = self._calls.describe(args, kwargs)
-        return f"{self.name} {method.upper()} {path}".strip()
+        name = self._calls.name(self.name, _client, args, kwargs)
+        return SKIP if name is None else name
 
     def open(self, name: str) -> _State:
         """Open the call named ``name`` and make it current; :meth:`close` ends it."""
@@ -222,12 +263,8 @@ class SdkAdapter:
         self._emitter.exit_call(attached)
         _inside.reset(inside)
         current_call.reset(token)
-        failed = call.failed_last if error is None else None
-        if failed is not None and call.span is not None:
-            # The SDK returned its last, failed response and raises only above this method.
-            call.span.set_status(Status(StatusCode.ERROR, failed))
-            call.span.set_attribute(semconv.ERROR_TYPE, failed)
-        self._emitter.close_call(call, error)
+        # An SDK may return its last, failed response and raise only above this method.
+        self._emitter.close_call(call, error, returned_failure=True)
 
     def _enter(self, client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         name = self._describe(client, args, kwargs)
@@ -340,3 +377,11 @@ class CohereAdapter(SdkAdapter):
 
     def __init__(self, emitter: Emitter) -> None:
         super().__init__(emitter, "cohere")
+
+
+class BotocoreAdapter(SdkAdapter):
+    """botocore, for the Bedrock runtimes (aiobotocore's ``AioBaseClient`` overrides the
+    hooked method: not hooked)."""
+
+    def __init__(self, emitter: Emitter) -> None:
+        super().__init__(emitter, "botocore")
