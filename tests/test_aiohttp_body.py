@@ -14,7 +14,7 @@ from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer
 
 SLACK = 0.3
-TRICKLE = {"chunks": 4, "gap": 0.1}  # the body takes about 0.3 s after the headers
+TRICKLE: dict[str, Any] = {"chunks": 4, "gap": 0.1}  # the body takes about 0.3 s after the headers
 
 
 async def _read(r: aiohttp.ClientResponse) -> Any:

@@ -3,6 +3,8 @@ network overhead, route templates, stream statistics, and the metrics recorded w
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import pytest
 
@@ -76,7 +78,8 @@ async def test_unknown_route_is_named_by_method(telemetry: Telemetry, server: LL
 
 async def test_rate_limited_response(telemetry: Telemetry, server: LLMServer) -> None:
     async with aiohttp.ClientSession() as session:
-        url = server.url(status=429, **{"header_retry-after-ms": 1500, "header_retry-after": 2})
+        headers: dict[str, Any] = {"header_retry-after-ms": 1500, "header_retry-after": 2}
+        url = server.url(status=429, **headers)
         async with session.post(url, json={}) as response:
             assert response.status == 429
     request = telemetry.request()

@@ -13,6 +13,7 @@ import aiohttp
 import openai
 import pytest
 from click.testing import CliRunner
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.trace import ReadableSpan
 
 from llm_latency import trace_files
@@ -27,7 +28,7 @@ from tests.servers import LLMServer
 from tests.trace_formats import jaeger_json, otlp_json_lines
 
 DATA = Path(__file__).parent / "data"
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 FORMATS = ["jaeger", "otlp"]
 
 
@@ -42,7 +43,7 @@ async def rate_limited_call(telemetry: Telemetry, provider: ProviderServer) -> l
     client = openai.AsyncOpenAI(base_url=provider.openai_base, api_key="sk-test-key")
     await client.chat.completions.create(
         model="gpt-test",
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         extra_headers={"x-test-scenario": "explain", "x-test-fail": "1"},
     )
     await client.close()
@@ -131,7 +132,7 @@ async def test_explain_a_rate_limited_openai_call(
     same_calls(trace.calls, spans, tolerance_ns=1000 if fmt == "jaeger" else 0)
 
     output = explain(str(path))
-    trace_id = f"{spans[0].context.trace_id:032x}"  # type: ignore[union-attr]
+    trace_id = f"{spans[0].context.trace_id:032x}"
     assert output.startswith(f"trace {trace_id}: 1 call\n")
     names = [(name, facts) for name, _, _, facts in rows(output)]
     assert [name for name, _ in names] == [
@@ -194,12 +195,12 @@ async def test_explain_reads_standard_input_and_several_traces(
 ) -> None:
     client = openai.AsyncOpenAI(base_url=provider.openai_base, api_key="sk-test-key")
     for _ in range(2):  # two calls, no program span: two traces
-        await client.chat.completions.create(model="gpt-test", messages=MESSAGES)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="gpt-test", messages=MESSAGES)
     await client.close()
     spans = telemetry.spans()
     output = explain("-", stdin=otlp_json_lines([spans]))
     headers = [line for line in output.splitlines() if line.startswith("trace ")]
-    trace_ids = {f"{s.context.trace_id:032x}" for s in spans}  # type: ignore[union-attr]
+    trace_ids = {f"{s.context.trace_id:032x}" for s in spans}
     assert len(headers) == 2 and {h.split()[1].rstrip(":") for h in headers} == trace_ids
     blocks = output.split("\n\n")  # each trace: its tree, then its own findings
     assert len(blocks) == 2

@@ -260,7 +260,7 @@ def assert_rows_match(waterfalls: list[dict[str, Any]], requests: list[dict[str,
     total, failed phase, and every bar's length and place on the axis."""
     rows = [(wf, row) for wf in waterfalls for row in wf["rows"] if "backoff" not in row["cls"]]
     assert len(rows) == len(requests)
-    number = {}
+    number: dict[str, int] = {}
     for (wf, row), request in zip(rows, requests, strict=True):
         per_second = scale(wf["axis"], wf["ticks"], wf["marks"])
         number[wf["endpoint"]] = number.get(wf["endpoint"], 0) + 1

@@ -112,14 +112,14 @@ async def test_program_trace_callback_still_called(
     telemetry: Telemetry, server: LLMServer, kind: str
 ) -> None:
     seen: list[str] = []
-    if kind.endswith("async"):
 
-        async def trace(name: str, info: dict[str, Any]) -> None:
-            seen.append(name)
-    else:
+    async def async_trace(name: str, info: dict[str, Any]) -> None:
+        seen.append(name)
 
-        def trace(name: str, info: dict[str, Any]) -> None:  # type: ignore[misc]
-            seen.append(name)
+    def sync_trace(name: str, info: dict[str, Any]) -> None:
+        seen.append(name)
+
+    trace = async_trace if kind.endswith("async") else sync_trace
 
     async with Client(kind) as client:
         for _ in range(2):  # the second send must not chain to our first callback

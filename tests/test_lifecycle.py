@@ -45,7 +45,12 @@ async def test_instrument_and_uninstrument_while_requests_run(server: LLMServer)
             await asyncio.sleep(0.01)
     finally:
         stop.set()
-        await asyncio.to_thread(lambda: [thread.join(30) for thread in threads])
+
+        def join_all() -> None:
+            for thread in threads:
+                thread.join(30)
+
+        await asyncio.to_thread(join_all)
     assert errors == []
     assert statuses and set(statuses) == {200}
     assert telemetry.requests()  # some requests ran while instrumented

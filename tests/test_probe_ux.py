@@ -229,7 +229,7 @@ def test_a_server_that_reports_more_than_the_wait_gets_a_note() -> None:
         result = run_cli("probe", server.url(), env={"COLUMNS": "120"})
         report = probe_json(server.url())
     assert result.returncode == 0, result.stderr
-    (request,) = report["requests"]  # type: ignore[misc]
+    (request,) = report["requests"]
     assert request["network_overhead"] < -4.5
     assert re.search(rf"network\+edge -[45]\.\d\d\xa0s \({CLOCK_NOTE}\)", result.stdout)
 

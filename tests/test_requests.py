@@ -15,6 +15,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
 from llm_latency.testing import HandshakeDelay
+from tests.attributes import attributes, int_attr
 from tests.bad_servers import BlackHole
 from tests.checks import (
     SLACK,
@@ -126,8 +127,8 @@ async def test_urllib3_retries_are_attempts(telemetry: Telemetry, server: LLMSer
     with pytest.raises(requests.exceptions.RetryError):
         await in_thread(work)
     attempts = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
-    assert [a.attributes.get("http.request.resend_count", 0) for a in attempts] == [0, 1, 2]  # type: ignore[union-attr]
-    assert {a.attributes["http.response.status_code"] for a in attempts} == {503}  # type: ignore[index]
+    assert [attributes(a).get("http.request.resend_count", 0) for a in attempts] == [0, 1, 2]
+    assert {int_attr(a, "http.response.status_code") for a in attempts} == {503}
     telemetry.assert_all_ended_once()
 
 

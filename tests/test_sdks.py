@@ -12,12 +12,13 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tests.conftest import Telemetry, seconds
 from tests.provider_api import TOKEN_GAP, TOKENS, WAIT, ProviderServer, provider_server
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 OPENAI_KEY = "sk-openai-secret-key-4242"
 ANTHROPIC_KEY = "sk-ant-secret-key-4343"
 
