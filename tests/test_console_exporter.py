@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from llm_latency import console_exporter
 from llm_latency.console_exporter import LLMLatencyConsoleSpanExporter
 from llm_latency.diagnosis.findings import NBSP
+from tests.command_line import mock_server
 from tests.conftest import Telemetry
 from tests.provider_api import ProviderServer, provider_server
 from tests.servers import LLMServer
-from tests.test_cli import mock_server
 
 #: instrument(), two chat completions with the openai SDK, and a line of its own.
 APP = Path(__file__).parent / "programs" / "openai_calls.py"

@@ -22,17 +22,11 @@ from rich.cells import cell_len
 
 from llm_latency.cli.render import CLOCK_NOTE, findings_lines
 from tests.bad_servers import RawServer, response
+from tests.command_line import CLI, environment, mock_server, one_error_line, probe_json, run_cli
 from tests.servers import unused_port
-from tests.test_cli import CLI, mock_server, one_error_line, probe_json, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 UNIT = r"(?:ms|s|µs)"
-
-
-def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(extra)
-    return env
 
 
 def read_until(fd: int, wanted: re.Pattern[str], seen: str = "", limit: float = 60) -> str:
