@@ -27,3 +27,10 @@ def int_attr(span: ReadableSpan, name: str) -> int:
     value = attributes(span)[name]
     assert isinstance(value, int) and not isinstance(value, bool), (span.name, name, value)
     return value
+
+
+def float_attr(span: ReadableSpan, name: str) -> float:
+    """The numeric attribute ``name`` of ``span`` (seconds, mostly), as a float."""
+    value = attributes(span)[name]
+    assert isinstance(value, int | float) and not isinstance(value, bool), (span.name, name, value)
+    return float(value)
