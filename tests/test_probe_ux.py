@@ -1,7 +1,8 @@
-"""``llm-latency probe`` as an everyday tool, run as a subprocess against mock-server: each
-request printed as it finishes (through a pseudo-terminal), Ctrl-C, ``--jsonl``, one
-``--timeout`` meaning for every client, the layout at 60 to 200 columns, percentiles per status
-class, findings, input errors, a closed pipe, and mock-server's log of a client that hangs up."""
+"""``llm-latency probe`` as an everyday tool against mock-server: each request printed as it
+finishes (through a pseudo-terminal), Ctrl-C, ``--jsonl``, one ``--timeout`` meaning for every
+client, the layout at 60 to 200 columns, percentiles per status class, findings, input errors, a
+closed pipe, and mock-server's log of a client that hangs up. What needs a process (a terminal,
+SIGINT, output read as it comes, a pipe) runs one; the rest runs in process (``run_cli``)."""
 
 from __future__ import annotations
 
