@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from click.testing import CliRunner
+from opentelemetry import metrics, trace
 
 from llm_latency.cli import main
+from llm_latency.instrumentor import LLMLatencyInstrumentor
 from tests.servers import unused_port
 
 #: The command as a subprocess: ``python -m llm_latency.cli``.
@@ -43,6 +45,12 @@ def _runner() -> CliRunner:
     return CliRunner()
 
 
+def _global_state() -> tuple[object, ...]:
+    """What a command could leave behind: llm-latency's hooks, the global providers."""
+    instrumented = LLMLatencyInstrumentor().is_instrumented_by_opentelemetry
+    return instrumented, trace.get_tracer_provider(), metrics.get_meter_provider()
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Result:
     """``llm-latency ARGS`` in this process, with no ``OTEL_*`` variable but those of ``env``.
     It runs to its end (each probe instruments and uninstruments its own clients); what it
@@ -50,6 +58,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = N
     where an event loop runs (probe and demo start their own): there, ``run_cli_process``."""
     overrides: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OTEL_")}
     overrides.update(env or {})
+    before = _global_state()
     with _runner().isolation(input=stdin, env=overrides) as streams:
         try:
             main(list(args))
@@ -62,6 +71,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = N
             sys.stderr.flush()
         out, err = streams[0].getvalue(), streams[1].getvalue()
     assert isinstance(code, int), code
+    # What makes running in process sound: the command leaves the process as it found it.
+    assert _global_state() == before
     return Result(code, out.decode(), err.decode())
 
 
