@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from signal import SIGINT
 from typing import Any
 
 from click.testing import CliRunner
@@ -46,9 +49,11 @@ def _runner() -> CliRunner:
 
 
 def _global_state() -> tuple[object, ...]:
-    """What a command could leave behind: llm-latency's hooks, the global providers."""
+    """What a command could leave behind: llm-latency's hooks, the global providers, the root
+    logger's handlers, the SIGINT handler."""
     instrumented = LLMLatencyInstrumentor().is_instrumented_by_opentelemetry
-    return instrumented, trace.get_tracer_provider(), metrics.get_meter_provider()
+    providers = trace.get_tracer_provider(), metrics.get_meter_provider()
+    return instrumented, *providers, logging.getLogger().handlers[:], signal.getsignal(SIGINT)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Result:
