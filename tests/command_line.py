@@ -16,7 +16,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from signal import SIGINT
 from typing import Any
 
 from click.testing import CliRunner
@@ -53,7 +52,12 @@ def _global_state() -> tuple[object, ...]:
     logger's handlers, the SIGINT handler."""
     instrumented = LLMLatencyInstrumentor().is_instrumented_by_opentelemetry
     providers = trace.get_tracer_provider(), metrics.get_meter_provider()
-    return instrumented, *providers, logging.getLogger().handlers[:], signal.getsignal(SIGINT)
+    return (
+        instrumented,
+        *providers,
+        logging.getLogger().handlers[:],
+        signal.getsignal(signal.SIGINT),
+    )
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Result:
