@@ -28,6 +28,7 @@ from packaging.requirements import Requirement
 import llm_latency
 from llm_latency import instrumentor as instrumentor_module
 from llm_latency.adapters import aiohttp as aiohttp_adapter
+from llm_latency.adapters._patching import PatchSet
 from llm_latency.adapters._resolver import resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.instrumentor import LLMLatencyInstrumentor, Target
@@ -51,7 +52,7 @@ async def fetch(client: str, url: str, **options: Any) -> bytes:
     if client == "requests":
         return await asyncio.to_thread(lambda: requests.post(url, json={"m": 1}).content)
     module = httpx if client == "httpx" else httpx2
-    async with module.AsyncClient() as http:  # type: ignore[attr-defined]
+    async with module.AsyncClient() as http:
         response = await http.post(url, json={"m": 1})
         return bytes(response.content)
 
@@ -257,6 +258,13 @@ def test_instrumentation_dependencies_are_the_supported_ranges() -> None:
     assert LLMLatencyInstrumentor()._check_dependency_conflicts() is None
 
 
+def patches_of(adapter: object) -> PatchSet:
+    """An adapter's patches (each adapter class keeps its own ``PatchSet``)."""
+    patches = vars(adapter)["_patches"]
+    assert isinstance(patches, PatchSet), adapter
+    return patches
+
+
 def test_docs_list_every_hook() -> None:
     documented = set()
     for line in (Path(__file__).parents[1] / "docs" / "patching.md").read_text().splitlines():
@@ -267,7 +275,7 @@ def test_docs_list_every_hook() -> None:
     telemetry.instrument()
     try:
         adapters = LLMLatencyInstrumentor()._adapters
-        hooked = {(a.name, cap, target) for a in adapters for cap, target in a._patches.targets}
+        hooked = {(a.name, cap, target) for a in adapters for cap, target in patches_of(a).targets}
         resolver = resolver_hooks._patches
         assert resolver is not None
         shared = "httpx, httpx2, requests"

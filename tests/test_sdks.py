@@ -13,13 +13,14 @@ import anthropic
 import openai
 import pytest
 from dirty_equals import IsFloat
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tests.conftest import Telemetry, seconds
 from tests.provider_api import TOKEN_GAP, TOKENS, WAIT, ProviderServer, provider_server
 from tests.span_tree import phase_nodes, span_tree
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 OPENAI_KEY = "sk-openai-secret-key-4242"
 ANTHROPIC_KEY = "sk-ant-secret-key-4343"
 
