@@ -141,7 +141,9 @@ def assert_attempt(
     assert seconds(phases["wait"]) >= WAIT - EARLY
 
 
-def assert_stream(telemetry: Telemetry, call: ReadableSpan, attempt: ReadableSpan, events: int):
+def assert_stream(
+    telemetry: Telemetry, call: ReadableSpan, attempt: ReadableSpan, events: int
+) -> None:
     """A stream read to its end: first-chunk time, every event message counted, the receive
     phase spanning the gaps between them, and the call ending with the stream."""
     found = attrs(attempt)
@@ -321,7 +323,7 @@ async def test_other_aws_services_get_no_parent(
 @pytest.fixture
 def botocore_instrumentation(telemetry: Telemetry) -> Any:
     """``opentelemetry-instrumentation-botocore``, instrumented on top of llm-latency."""
-    instrumentor = BotocoreInstrumentor()
+    instrumentor = BotocoreInstrumentor()  # type: ignore[no-untyped-call]
     instrumentor.instrument(tracer_provider=telemetry.tracer_provider)
     try:
         yield instrumentor

@@ -47,8 +47,8 @@ try:  # mistralai 2.x and later
     from mistralai.client import Mistral
     from mistralai.client.utils import BackoffStrategy, RetryConfig
 except ImportError:  # 1.x
-    from mistralai import Mistral
-    from mistralai.utils import BackoffStrategy, RetryConfig
+    from mistralai import Mistral  # type: ignore[attr-defined,no-redef]
+    from mistralai.utils import BackoffStrategy, RetryConfig  # type: ignore[no-redef]
 
 
 @pytest.fixture

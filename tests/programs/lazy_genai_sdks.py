@@ -46,7 +46,7 @@ def main(base_url: str) -> None:
     try:
         from mistralai.client import basesdk
     except ImportError:  # mistralai 1.x
-        from mistralai import basesdk  # type: ignore[no-redef]
+        from mistralai import basesdk  # type: ignore[attr-defined,no-redef]
     methods = {
         "google-genai": google.genai._api_client.BaseApiClient._request,
         "mistralai": basesdk.BaseSDK.do_request,
