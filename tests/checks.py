@@ -10,6 +10,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import (
+    ExponentialHistogramDataPoint,
+    HistogramDataPoint,
+    NumberDataPoint,
+)
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
@@ -19,6 +24,23 @@ from tests.conftest import Telemetry
 # A phase lasts at least its injected delay, and not much more on a loaded 2-core machine.
 SLACK = 0.3
 EARLY = 0.005  # timers may fire this much early
+
+
+#: A point of any metric kind, as ``Metric.data.data_points`` holds them.
+DataPoint = NumberDataPoint | HistogramDataPoint | ExponentialHistogramDataPoint
+
+
+def int_value(point: DataPoint) -> int:
+    """The value of a counter's or gauge's point that counts things (connections, requests)."""
+    assert isinstance(point, NumberDataPoint), point
+    assert isinstance(point.value, int), point.value
+    return point.value
+
+
+def histogram(point: DataPoint) -> HistogramDataPoint:
+    """A histogram's point (its ``count`` and ``sum``)."""
+    assert isinstance(point, HistogramDataPoint), point
+    return point
 
 
 def assert_about(value: float, expected: float) -> None:

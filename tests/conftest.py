@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind
 
 import llm_latency
 from llm_latency.testing import LocalDNS
+from tests.attributes import str_attr
 from tests.servers import LLMServer, llm_server, slow_dns
 
 
@@ -84,11 +85,10 @@ class Telemetry:
             phases = sorted(self.phases(attempt).values(), key=lambda s: s.start_time or 0)
             assert attempt.start_time is not None and attempt.end_time is not None
             assert attempt.attributes is not None
-            host = attempt.attributes["server.address"]
+            host = str_attr(attempt, "server.address")
             previous_end, previous = attempt.start_time, "the attempt's start"
             for phase in phases:
-                assert phase.attributes is not None
-                assert phase.attributes["server.address"] == host, phase.name
+                assert str_attr(phase, "server.address") == host, phase.name
                 assert phase.start_time is not None and phase.end_time is not None
                 assert phase.start_time >= previous_end, f"{phase.name} overlaps {previous}"
                 assert phase.end_time >= phase.start_time, phase.name
@@ -113,7 +113,7 @@ class Telemetry:
             s for s in self.spans()
             if s.parent is not None and s.parent.span_id == request.context.span_id
         ]  # fmt: skip
-        by_phase = {str(s.attributes["llm_latency.phase"]): s for s in children}  # type: ignore[index]
+        by_phase = {str_attr(s, "llm_latency.phase"): s for s in children}
         assert len(by_phase) == len(children), "a phase was emitted twice"
         return by_phase
 

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 import llm_latency
 from llm_latency.timeline import Timeline
+from tests.checks import histogram
 from tests.servers import llm_server
 
 
@@ -121,7 +122,7 @@ async def long_run(total: int, warmup: int, checkpoint: int) -> LongRun:
     data = reader.get_metrics_data()
     assert data is not None
     run.duration_points = sum(
-        point.count
+        histogram(point).count
         for rm in data.resource_metrics
         for sm in rm.scope_metrics
         for metric in sm.metrics

@@ -35,7 +35,7 @@ from opentelemetry.sdk.metrics.export import (
     Gauge,
     Histogram,
     HistogramDataPoint,
-    MetricReader,
+    InMemoryMetricReader,
     MetricsData,
     Sum,
 )
@@ -142,9 +142,11 @@ def families(data: MetricsData | None) -> list[Family]:
                     kind = COUNTER
                 elif not isinstance(metric.data, (Sum, Gauge)):
                     continue
-                family = result.setdefault(name, Family(name, metric.description, kind, []))
+                family = result.setdefault(name, Family(name, metric.description or "", kind, []))
                 for point in metric.data.data_points:
-                    labels = {_label_name(k): _label_value(v) for k, v in point.attributes.items()}
+                    labels = {
+                        _label_name(k): _label_value(v) for k, v in (point.attributes or {}).items()
+                    }
                     labels |= {k: v for k, v in scope.items() if v}
                     labels |= {k: v for k, v in (("job", job), ("instance", instance)) if v}
                     if isinstance(point, HistogramDataPoint):
@@ -334,7 +336,7 @@ class CollectorExporter:
     sent: ``export()`` takes the reader's current metrics (the program's periodic export);
     ``served`` lists the format of every scrape."""
 
-    def __init__(self, reader: MetricReader) -> None:
+    def __init__(self, reader: InMemoryMetricReader) -> None:
         self.served: list[str] = []
         self.reader = reader
         self.exported: list[Family] = []
@@ -364,7 +366,7 @@ class CollectorExporter:
         self.thread.start()
 
     def export(self) -> None:
-        self.exported = families(self.reader.get_metrics_data())  # type: ignore[attr-defined]
+        self.exported = families(self.reader.get_metrics_data())
 
     def close(self) -> None:
         self.server.shutdown()

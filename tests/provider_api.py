@@ -158,7 +158,7 @@ async def provider_server() -> AsyncIterator[ProviderServer]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    server.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server.port = runner.addresses[0][1]
     try:
         yield server
     finally:

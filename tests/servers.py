@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from llm_latency.testing import LocalDNS
 
@@ -129,7 +130,7 @@ async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncI
     seen: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)  # the latest
 
     @web.middleware
-    async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
         seen.append({"path": request.path, "headers": dict(request.headers)})
         return await handler(request)
 
@@ -140,9 +141,7 @@ async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncI
     await runner.setup()
     site = web.TCPSite(runner, host, 0, ssl_context=ssl_context)
     await site.start()
-    server = site._server
-    assert server is not None
-    port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     try:
         yield LLMServer(host, port, "https" if ssl_context else "http", runner, seen)
     finally:

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from aiohttp import client_proto, client_reqrep, connector, streams
 from anthropic import _base_client as anthropic_base
 from anyio._core import _sockets as anyio_sockets
+from botocore import client as botocore_client
 from openai import _base_client as openai_base
 from opentelemetry.instrumentation.utils import (
     suppress_http_instrumentation,
@@ -80,6 +80,7 @@ PATCHED: list[tuple[Any, str]] = [
     (openai_base.AsyncAPIClient, "request"),
     (anthropic_base.SyncAPIClient, "request"),
     (anthropic_base.AsyncAPIClient, "request"),
+    (botocore_client.BaseClient, "_make_api_call"),
 ]
 
 
@@ -190,27 +191,15 @@ async def test_plugin_fault_never_reaches_the_program(
     telemetry.assert_all_ended_once()
 
 
-CLIENT_SCRIPT = """
-import asyncio, sys
-import aiohttp
-{setup}
-
-async def main():
-    async with aiohttp.ClientSession() as session:
-        async with session.get(sys.argv[1]) as response:
-            await response.read()
-
-asyncio.run(main())
-"""
+#: One aiohttp GET after a set-up given by --setup.
+CLIENT_PROGRAM = Path(__file__).parent / "programs" / "aiohttp_get.py"
 
 
-def run_script(tmp_path: Path, url: str, setup: str, *prefix: str, **env: str) -> str:
-    script = tmp_path / "client.py"
-    script.write_text(textwrap.dedent(CLIENT_SCRIPT.format(setup=setup)))
+def run_program(url: str, setup: str, *prefix: str, **env: str) -> str:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     environment.update(env)
     result = subprocess.run(
-        [*prefix, sys.executable, str(script), url],
+        [*prefix, sys.executable, str(CLIENT_PROGRAM), "--setup", setup, url],
         capture_output=True, text=True, env=environment, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -223,9 +212,9 @@ async def _in_thread(func: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(func, *args, **kwargs)
 
 
-async def test_configure_sets_up_providers_from_env(server: LLMServer, tmp_path: Path) -> None:
+async def test_configure_sets_up_providers_from_env(server: LLMServer) -> None:
     out = await _in_thread(
-        run_script, tmp_path, server.url(), "import llm_latency; llm_latency.instrument()",
+        run_program, server.url(), "instrument",
         OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none",
         OTEL_SERVICE_NAME="configured-by-env",
     )  # fmt: skip
@@ -234,30 +223,18 @@ async def test_configure_sets_up_providers_from_env(server: LLMServer, tmp_path:
     assert "configured-by-env" in out
 
 
-async def test_configure_keeps_a_provider_already_set(server: LLMServer, tmp_path: Path) -> None:
-    setup = textwrap.dedent("""
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, ConsoleSpanExporter
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
-            formatter=lambda span: "MINE " + span.name + "\\n")))
-        trace.set_tracer_provider(provider)
-        import llm_latency; llm_latency.instrument()
-    """)
+async def test_configure_keeps_a_provider_already_set(server: LLMServer) -> None:
     out = await _in_thread(
-        run_script, tmp_path, server.url(), setup,
+        run_program, server.url(), "own",
         OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none",
     )  # fmt: skip
     assert "MINE http.wait" in out
     assert '"name"' not in out  # no second, env-configured exporter
 
 
-async def test_entry_point_under_opentelemetry_instrument(
-    server: LLMServer, tmp_path: Path
-) -> None:
+async def test_entry_point_under_opentelemetry_instrument(server: LLMServer) -> None:
     out = await _in_thread(
-        run_script, tmp_path, server.url(), "",
+        run_program, server.url(), "none",
         str(Path(sys.executable).with_name("opentelemetry-instrument")),
         OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none",
         OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="aiohttp-client",

@@ -1,19 +1,16 @@
-"""The ``llm-latency`` command, run as a subprocess: probe against mock-server over HTTP and
-HTTPS, the JSON shape, the HTML page in headless Chromium, the demo, and every bad input."""
+"""The ``llm-latency`` command: probe against mock-server over HTTP and HTTPS, the JSON shape,
+the HTML page in headless Chromium, the demo, and every bad input. Run in process (``run_cli``)
+but for what needs a process of its own: mock-server's signals and its port, the demo, and the
+exporter's log lines up to the process's exit."""
 
 from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,64 +18,16 @@ from PIL import Image
 
 from llm_latency.cli.render import PHASE_COLORS
 from llm_latency.testing import LocalDNS
+from tests.command_line import (
+    mock_server,
+    one_error_line,
+    probe_json,
+    run_cli,
+    run_cli_process,
+)
 from tests.servers import unused_port
 
-CLI = [sys.executable, "-m", "llm_latency.cli"]
 SLACK = 0.3
-
-
-def run_cli(
-    *args: str, timeout: float = 60, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    environment.update(env or {})
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          env=environment, check=False)  # fmt: skip
-
-
-@dataclass
-class Mock:
-    url: str
-    ca_file: str | None
-    process: subprocess.Popen[str]
-
-
-@contextmanager
-def mock_server(*args: str) -> Iterator[Mock]:
-    port = unused_port()
-    process = subprocess.Popen([*CLI, "mock-server", "--port", str(port), *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert "listening on" in line, line + (process.stderr.read() if process.stderr else "")
-        url = line.split("listening on ")[1].strip()
-        ca_file = None
-        if "--tls" in args:
-            ca_line = process.stdout.readline()
-            ca_file = ca_line.split("CA certificate: ")[1].strip()
-        yield Mock(url, ca_file, process)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(timeout=10)
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    """Bad input: a non-zero exit and exactly one line on stderr, no traceback."""
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    assert lines[0].startswith("llm-latency: error: ")
-    return lines[0]
-
-
-def probe_json(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
-    result = run_cli("probe", "--json", *args, env=env)
-    assert result.returncode == 0, result.stderr
-    report: dict[str, object] = json.loads(result.stdout)
-    return report
 
 
 # -- probe against mock-server ------------------------------------------------------------------
@@ -158,7 +107,7 @@ def test_probe_stream_text_output() -> None:
                  "p50", "p95"):  # fmt: skip
         assert word in out
     assert "sk-never-shown-1" not in out + result.stderr
-    (request,) = report["requests"]  # type: ignore[misc]
+    (request,) = report["requests"]
     assert 0.2 - 0.005 <= request["time_to_first_chunk"] <= 0.2 + SLACK
     assert request["stream_events"] == 7  # five tokens, the finish_reason chunk, [DONE]
     assert request["total"] >= 0.2 + 0.2 - 0.005  # four gaps of 50 ms after the first token
@@ -179,7 +128,7 @@ def test_probe_compares_several_urls() -> None:
 def test_probe_counts_a_rate_limited_response() -> None:
     with mock_server("--ttfb", "0", "--rate-limit-every", "2", "--tokens", "1") as mock:
         report = probe_json(mock.url, "-n", "2")
-    statuses = sorted(r["status"] for r in report["requests"])  # type: ignore[attr-defined]
+    statuses = sorted(r["status"] for r in report["requests"])
     assert statuses == [200, 429]
 
 
@@ -225,7 +174,7 @@ def test_mock_server_stops_cleanly(signum: int) -> None:
 def test_mock_server_port_in_use() -> None:
     with mock_server() as mock:
         port = mock.url.split(":")[2].split("/")[0]
-        line = one_error_line(run_cli("mock-server", "--port", port, timeout=20))
+        line = one_error_line(run_cli_process("mock-server", "--port", port, timeout=20))
     assert "cannot listen" in line
 
 
@@ -233,7 +182,7 @@ def test_mock_server_port_in_use() -> None:
 
 
 def test_demo_prints_every_scene() -> None:
-    result = run_cli("demo", timeout=120)
+    result = run_cli_process("demo", timeout=120)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for scene in ("1a.", "1b.", "2a.", "2b.", "3.", "4."):
@@ -413,10 +362,11 @@ def test_malformed_url_shows_no_secret() -> None:
 
 def test_exporter_log_lines_show_no_secret() -> None:
     """The OTLP exporter logs its failures (a refused collector: "Transient error ... retrying")
-    with the endpoint's query; the CLI's log lines are redacted too."""
+    with the endpoint's query; the CLI's log lines are redacted too, up to the process's exit
+    (hence a process of its own)."""
     endpoint = with_secrets(f"http://127.0.0.1:{unused_port()}/")
     with mock_server("--ttfb", "0", "--tokens", "1") as mock:
-        result = run_cli("probe", mock.url, env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        result = run_cli_process("probe", mock.url, env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
                                                  "OTEL_EXPORTER_OTLP_TIMEOUT": "2", **WIDE})  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Transient error" in result.stderr  # the exporter did log, and retried once

@@ -20,38 +20,23 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from llm_latency import console_exporter
 from llm_latency.console_exporter import LLMLatencyConsoleSpanExporter
 from llm_latency.diagnosis.findings import NBSP
+from tests.command_line import mock_server
 from tests.conftest import Telemetry
 from tests.provider_api import ProviderServer, provider_server
 from tests.servers import LLMServer
-from tests.test_cli import mock_server
 
-APP = """
-import sys
-
-import openai
-
-import llm_latency
-
-llm_latency.instrument()
-client = openai.OpenAI(base_url=sys.argv[1], api_key="sk-never-printed-5150")
-for _ in range(2):
-    client.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "hi"}])
-print("the program's own output")
-"""
+#: instrument(), two chat completions with the openai SDK, and a line of its own.
+APP = Path(__file__).parent / "programs" / "openai_calls.py"
 REQUEST_ID = r"req_[0-9a-f]{24}"
 MS = rf"[\d.]+{NBSP}(?:µs|ms)"
 
 
-def run_app(
-    tmp_path: Path, base_url: str, *prefix: str, **env: str
-) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "app.py"
-    script.write_text(APP)
+def run_app(base_url: str, *prefix: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     environment.update(OTEL_TRACES_EXPORTER="llm_latency_console", OTEL_METRICS_EXPORTER="none")
     environment.update(env)
     return subprocess.run(
-        [*prefix, sys.executable, str(script), base_url],
+        [*prefix, sys.executable, str(APP), base_url],
         capture_output=True, text=True, env=environment, timeout=60, check=False,
     )  # fmt: skip
 
@@ -105,14 +90,14 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     assert len(ids) == len(set(ids)) == 3  # each attempt's own
 
 
-def test_the_variable_prints_each_call_of_a_real_program(tmp_path: Path) -> None:
+def test_the_variable_prints_each_call_of_a_real_program() -> None:
     """llm_latency.instrument() sets the SDK up from OTEL_*, and honours the entry point."""
     with mock_server("--rate-limit-every", "2", "--ttfb", "0.05", "--tokens", "1") as mock:
-        result = run_app(tmp_path, mock.url.removesuffix("/chat/completions"))
+        result = run_app(mock.url.removesuffix("/chat/completions"))
     check_rate_limited_run(result, "openai POST /chat/completions")
 
 
-def test_the_variable_under_opentelemetry_instrument(tmp_path: Path) -> None:
+def test_the_variable_under_opentelemetry_instrument() -> None:
     """The SDK's own configurator (opentelemetry-instrument) finds the exporter by name too;
     with the openai-v2 instrumentation, its GenAI span is each call's parent, and under the
     httpx2 instrumentation's CLIENT span of each request, llm-latency's (INTERNAL) request span
@@ -120,7 +105,7 @@ def test_the_variable_under_opentelemetry_instrument(tmp_path: Path) -> None:
     instrument = str(Path(sys.executable).with_name("opentelemetry-instrument"))
     with mock_server("--rate-limit-every", "2", "--ttfb", "0.05", "--tokens", "1") as mock:
         result = run_app(
-            tmp_path, mock.url.removesuffix("/chat/completions"), instrument,
+            mock.url.removesuffix("/chat/completions"), instrument,
             OTEL_LOGS_EXPORTER="none",
         )  # fmt: skip
     check_rate_limited_run(result, "chat gpt-test")

@@ -256,6 +256,7 @@ def selected_metrics(query: Query) -> set[str]:
 
     def visit(node: Any) -> None:
         if isinstance(node, promql_parser.VectorSelector):
+            assert node.name is not None, f"a selector without a metric name in {query.promql}"
             names.add(node.name)
 
     promql_parser.walk(promql_parser.parse(query.promql), visit)

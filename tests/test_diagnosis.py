@@ -30,9 +30,9 @@ from llm_latency.diagnosis import (
 )
 from llm_latency.diagnosis.findings import duration
 from llm_latency.testing import LocalDNS, Profile, running
+from tests.command_line import mock_server
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
-from tests.test_cli import mock_server
 
 
 def rules_found(findings: list[Finding]) -> list[str]:

@@ -20,9 +20,9 @@ import pytest
 import requests
 from aiohttp import web
 
+from tests.command_line import Mock, mock_server
 from tests.conftest import Telemetry
 from tests.httpx_clients import Client
-from tests.test_cli import Mock, mock_server
 
 pytestmark = pytest.mark.xdist_group("timing")
 

@@ -12,22 +12,22 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
-from click.testing import CliRunner
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.trace import ReadableSpan
 
 from llm_latency import trace_files
-from llm_latency.cli.commands import cli, run
 from llm_latency.diagnosis import calls_from_spans, from_readable_spans
 from llm_latency.diagnosis.findings import NBSP
 from llm_latency.diagnosis.records import Call
 from llm_latency.testing import LocalDNS
+from tests.command_line import run_cli
 from tests.conftest import Telemetry
 from tests.provider_api import ProviderServer, provider_server
 from tests.servers import LLMServer
 from tests.trace_formats import jaeger_json, otlp_json_lines
 
 DATA = Path(__file__).parent / "data"
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 FORMATS = ["jaeger", "otlp"]
 
 
@@ -42,7 +42,7 @@ async def rate_limited_call(telemetry: Telemetry, provider: ProviderServer) -> l
     client = openai.AsyncOpenAI(base_url=provider.openai_base, api_key="sk-test-key")
     await client.chat.completions.create(
         model="gpt-test",
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         extra_headers={"x-test-scenario": "explain", "x-test-fail": "1"},
     )
     await client.close()
@@ -79,9 +79,10 @@ def write(tmp_path: Path, spans: Sequence[ReadableSpan], fmt: str) -> Path:
 
 
 def explain(*args: str, stdin: str | None = None) -> str:
-    result = CliRunner().invoke(cli, ["explain", *args], input=stdin)
-    assert result.exit_code == 0, result.output
-    return result.output
+    result = run_cli("explain", *args, stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return result.stdout
 
 
 def rows(output: str) -> list[tuple[str, float, float, str]]:
@@ -131,7 +132,7 @@ async def test_explain_a_rate_limited_openai_call(
     same_calls(trace.calls, spans, tolerance_ns=1000 if fmt == "jaeger" else 0)
 
     output = explain(str(path))
-    trace_id = f"{spans[0].context.trace_id:032x}"  # type: ignore[union-attr]
+    trace_id = f"{spans[0].context.trace_id:032x}"
     assert output.startswith(f"trace {trace_id}: 1 call\n")
     names = [(name, facts) for name, _, _, facts in rows(output)]
     assert [name for name, _ in names] == [
@@ -194,12 +195,12 @@ async def test_explain_reads_standard_input_and_several_traces(
 ) -> None:
     client = openai.AsyncOpenAI(base_url=provider.openai_base, api_key="sk-test-key")
     for _ in range(2):  # two calls, no program span: two traces
-        await client.chat.completions.create(model="gpt-test", messages=MESSAGES)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="gpt-test", messages=MESSAGES)
     await client.close()
     spans = telemetry.spans()
     output = explain("-", stdin=otlp_json_lines([spans]))
     headers = [line for line in output.splitlines() if line.startswith("trace ")]
-    trace_ids = {f"{s.context.trace_id:032x}" for s in spans}  # type: ignore[union-attr]
+    trace_ids = {f"{s.context.trace_id:032x}" for s in spans}
     assert len(headers) == 2 and {h.split()[1].rstrip(":") for h in headers} == trace_ids
     blocks = output.split("\n\n")  # each trace: its tree, then its own findings
     assert len(blocks) == 2
@@ -289,20 +290,16 @@ def test_jaeger_array_attributes_come_back_as_arrays() -> None:
          "{path}: an OTLP span without valid ids or times (id '00')"),
     ],
 )  # fmt: skip
-def test_bad_files_are_one_error_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
-) -> None:
+def test_bad_files_are_one_error_line(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(content)
-    assert run(["explain", str(path)]) == 1
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err == f"llm-latency: error: {message.format(path=path)}\n"
+    result = run_cli("explain", str(path))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == f"llm-latency: error: {message.format(path=path)}\n"
 
 
-def test_files_without_llm_latency_spans_and_unreadable_files(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_files_without_llm_latency_spans_and_unreadable_files(tmp_path: Path) -> None:
     sample = DATA / "jaeger-ui-2992f2a5b5d037a8aabffd08ef384237.json"
     binary = tmp_path / "trace.bin"
     binary.write_bytes(b"\xff\xfe\x00binary")
@@ -315,6 +312,6 @@ def test_files_without_llm_latency_spans_and_unreadable_files(
         str(binary): f"{binary} is not JSON (not UTF-8 text)",
     }
     for argument, message in cases.items():
-        assert run(["explain", argument]) == 1
-        captured = capsys.readouterr()
-        assert (captured.out, captured.err) == ("", f"llm-latency: error: {message}\n")
+        result = run_cli("explain", argument)
+        assert result.returncode == 1
+        assert (result.stdout, result.stderr) == ("", f"llm-latency: error: {message}\n")

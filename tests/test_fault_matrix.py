@@ -424,122 +424,8 @@ async def test_httpx_cancelled_in_send(telemetry: Telemetry, kind: str) -> None:
 
 # -- an OTLP collector that accepts and never answers ---------------------------------------
 
-#: A program instrumented with llm-latency, exporting spans and metrics (batch, 100 ms) to a
-#: collector that hangs: it times N requests per client before and after ``instrument()``,
-#: then times the providers' shutdown, and prints what it measured as JSON.
-HANGING_COLLECTOR_PROGRAM = r"""
-import asyncio, json, sys, threading, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-import aiohttp, httpx, httpx2, requests
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-import llm_latency
-
-COLLECTOR = int(sys.argv[1])
-N = int(sys.argv[2])
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body are two writes
-
-    def do_GET(self):
-        body = b'{"choices": []}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-httpd.daemon_threads = True
-threading.Thread(target=httpd.serve_forever, daemon=True).start()
-URL = f"http://127.0.0.1:{httpd.server_address[1]}/v1/chat/completions"
-
-
-def timed(get):
-    times = []
-    for _ in range(N):
-        start = time.perf_counter()
-        get()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-async def aiohttp_times():
-    times = []
-    async with aiohttp.ClientSession() as session:
-        for _ in range(N):
-            start = time.perf_counter()
-            async with session.get(URL) as response:
-                await response.read()
-            times.append(time.perf_counter() - start)
-    return times
-
-
-def run_all():
-    out = {}
-    with requests.Session() as session:
-        out["requests"] = timed(lambda: session.get(URL, timeout=5).content)
-    with httpx.Client(timeout=5) as client:
-        out["httpx"] = timed(lambda: client.get(URL).content)
-    with httpx2.Client(timeout=5) as client:
-        out["httpx2"] = timed(lambda: client.get(URL).content)
-    out["aiohttp"] = asyncio.run(aiohttp_times())
-    return out
-
-
-class Ends(SpanProcessor):
-    def __init__(self):
-        self.started, self.ended, self.ports = [], [], []
-
-    def on_start(self, span, parent_context=None):
-        self.started.append(span.context.span_id)
-
-    def on_end(self, span):
-        self.ended.append(span.context.span_id)
-        self.ports.append((span.attributes or {}).get("server.port"))
-
-
-run_all()  # warm up: imports, first connections
-bare = run_all()
-
-endpoint = f"http://127.0.0.1:{COLLECTOR}"
-tracer_provider = TracerProvider()
-ends = Ends()
-tracer_provider.add_span_processor(ends)
-tracer_provider.add_span_processor(
-    BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces", timeout=1),
-                       schedule_delay_millis=100)
-)
-meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
-    OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics", timeout=1),
-    export_interval_millis=200, export_timeout_millis=1000,
-)])
-llm_latency.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider,
-                       configure=False)
-traced = run_all()
-time.sleep(0.5)  # let the exporters reach the collector and hang there
-start = time.perf_counter()
-tracer_provider.shutdown()
-meter_provider.shutdown()
-shutdown = time.perf_counter() - start
-llm_latency.uninstrument()
-print(json.dumps({
-    "bare": bare, "traced": traced, "shutdown": shutdown,
-    "started": ends.started, "ended": ends.ended, "ports": ends.ports,
-}))
-"""
+#: Times requests per client before and after instrument(), exporting to a hanging collector.
+HANGING_COLLECTOR_PROGRAM = Path(__file__).parent / "programs" / "hanging_collector.py"
 
 
 def test_hanging_otlp_collector_does_not_slow_the_program(tmp_path: Path) -> None:
@@ -548,7 +434,7 @@ def test_hanging_otlp_collector_does_not_slow_the_program(tmp_path: Path) -> Non
     with BlackHole() as collector:
         began = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-c", HANGING_COLLECTOR_PROGRAM, str(collector.port),
+            [sys.executable, str(HANGING_COLLECTOR_PROGRAM), str(collector.port),
              str(requests_per_client)],
             capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
         )  # fmt: skip

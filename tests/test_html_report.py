@@ -28,9 +28,9 @@ from llm_latency.cli.html_report import RunDetails, html_page
 from llm_latency.cli.results import to_results
 from llm_latency.diagnosis import diagnose
 from llm_latency.diagnosis.findings import duration
+from tests.command_line import mock_server, run_cli_process
 from tests.conftest import Telemetry
 from tests.servers import unused_port
-from tests.test_cli import mock_server, run_cli
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -51,6 +51,9 @@ class Report:
     data: dict[str, Any]  # the same run's --json
 
 
+# The probes run as processes of their own: Playwright's event loop runs in this one.
+
+
 def mixed_run(folder: Path) -> Report:
     """Four endpoints, --fresh, written as --html and --json at once: a 429 every second
     request, a seeded 500, a server slower than --timeout, a refused port."""
@@ -63,7 +66,7 @@ def mixed_run(folder: Path) -> Report:
             + f"?api_key={API_KEY}&api-version=2024-10-21-preview&deployment=team-a-gpt-4o-mini"
         )
         page = folder / "mixed.html"
-        result = run_cli("probe", "--json", "--html", str(page), "-n", "3", "--fresh",
+        result = run_cli_process("probe", "--json", "--html", str(page), "-n", "3", "--fresh",
                          "--timeout", "2", "-H", f"X-Api-Key: {HEADER_SECRET}",
                          secret_url, flaky.url, slow.url, refused)  # fmt: skip
     assert result.returncode == 1, result.stderr  # the timeouts and the refusals
@@ -74,7 +77,9 @@ def pooled_run(folder: Path) -> Report:
     """One endpoint, five sequential streamed requests on one connection."""
     with mock_server("--ttfb", "0.1", "--tokens", "3", "--tokens-per-second", "50") as mock:
         page = folder / "pooled.html"
-        result = run_cli("probe", "--json", "--html", str(page), "-n", "5", "--stream", mock.url)
+        result = run_cli_process(
+            "probe", "--json", "--html", str(page), "-n", "5", "--stream", mock.url
+        )
     assert result.returncode == 0, result.stderr
     return Report(page, json.loads(result.stdout))
 
@@ -260,7 +265,7 @@ def assert_rows_match(waterfalls: list[dict[str, Any]], requests: list[dict[str,
     total, failed phase, and every bar's length and place on the axis."""
     rows = [(wf, row) for wf in waterfalls for row in wf["rows"] if "backoff" not in row["cls"]]
     assert len(rows) == len(requests)
-    number = {}
+    number: dict[str, int] = {}
     for (wf, row), request in zip(rows, requests, strict=True):
         per_second = scale(wf["axis"], wf["ticks"], wf["marks"])
         number[wf["endpoint"]] = number.get(wf["endpoint"], 0) + 1
@@ -428,7 +433,7 @@ def test_an_endpoint_with_no_recorded_request(browser: Browser, tmp_path: Path) 
     report still says what happened, with no waterfall to draw and nothing to diagnose."""
     page_file = tmp_path / "nothing.html"
     url = f"http://{USER}:{PASSWORD}@127.0.0.1:{unused_port()}/v1/chat/completions"
-    result = run_cli(
+    result = run_cli_process(
         "probe", "--html", str(page_file), "-H", f"Authorization: Bearer {HEADER_SECRET}", url
     )
     assert result.returncode == 1

@@ -7,7 +7,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -46,7 +45,12 @@ async def test_instrument_and_uninstrument_while_requests_run(server: LLMServer)
             await asyncio.sleep(0.01)
     finally:
         stop.set()
-        await asyncio.to_thread(lambda: [thread.join(30) for thread in threads])
+
+        def join_all() -> None:
+            for thread in threads:
+                thread.join(30)
+
+        await asyncio.to_thread(join_all)
     assert errors == []
     assert statuses and set(statuses) == {200}
     assert telemetry.requests()  # some requests ran while instrumented
@@ -83,34 +87,11 @@ def test_two_event_loops_in_two_threads(telemetry: Telemetry) -> None:
     telemetry.assert_all_ended_once()
 
 
-FORKING_PROGRAM = """
-import os, sys, requests
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.metrics import MeterProvider
-import llm_latency
-
-provider = TracerProvider(resource=Resource.create({"service.name": "prefork"}))
-provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1])))
-llm_latency.instrument(tracer_provider=provider, meter_provider=MeterProvider(),
-                       configure=False)
-children = []
-for worker in range(2):  # gunicorn-style: fork the workers after start-up
-    pid = os.fork()
-    if pid == 0:
-        for _ in range(3):
-            requests.get(sys.argv[2] + f"&worker={worker}")
-        provider.force_flush()
-        os._exit(0)
-    children.append(pid)
-for pid in children:
-    assert os.waitpid(pid, 0)[1] == 0
-"""
+#: instrument(), then fork two workers that send requests and export their spans.
+FORKING_PROGRAM = Path(__file__).parent / "programs" / "prefork.py"
 
 
-async def test_forked_workers_keep_exporting(server: LLMServer, tmp_path: Path) -> None:
+async def test_forked_workers_keep_exporting(server: LLMServer) -> None:
     import http.server
 
     received: list[bytes] = []
@@ -127,15 +108,13 @@ async def test_forked_workers_keep_exporting(server: LLMServer, tmp_path: Path) 
     collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     thread = threading.Thread(target=collector.serve_forever, daemon=True)
     thread.start()
-    program = tmp_path / "prefork.py"
-    program.write_text(textwrap.dedent(FORKING_PROGRAM))
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     endpoint = f"http://127.0.0.1:{collector.server_address[1]}/v1/traces"
     started = time.monotonic()
     try:
         result = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, str(program), endpoint, server.url(wait=0.01)],
+            [sys.executable, str(FORKING_PROGRAM), endpoint, server.url(wait=0.01)],
             capture_output=True, text=True, timeout=60, env=environment, check=False,
         )  # fmt: skip
     finally:

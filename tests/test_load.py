@@ -11,6 +11,7 @@ import aiohttp
 
 from llm_latency.adapters import aiohttp as aiohttp_adapter
 from llm_latency.instrumentor import LLMLatencyInstrumentor
+from tests.attributes import int_attr
 from tests.conftest import Telemetry
 from tests.long_run import long_run
 from tests.servers import LLMServer
@@ -29,7 +30,7 @@ async def test_a_thousand_concurrent_streams(telemetry: Telemetry, server: LLMSe
     assert counts == [12] * 1000  # five events and [DONE], each a data line and a blank line
     requests = telemetry.requests()
     assert len(requests) == 1000
-    assert {r.attributes["llm_latency.stream.events"] for r in requests} == {6}  # type: ignore[index]
+    assert {int_attr(r, "llm_latency.stream.events") for r in requests} == {6}
     telemetry.assert_all_ended_once()
     assert aiohttp_adapter._streams == {}
     emitter = LLMLatencyInstrumentor().emitter

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
+from tests.command_line import mock_server
 from tests.deploy_workload import ROOT, dashboard_queries
-from tests.test_cli import mock_server
 from tests.test_deploy_prometheus import Prometheus, die_with_parent, free_port
 
 # One worker runs this module (Locust, a mock server and a Prometheus at once), as one group.

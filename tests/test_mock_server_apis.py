@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import anthropic
 import httpx
 import ollama
 import openai
 import pytest
+from anthropic.types import MessageParam, RawMessageDeltaEvent
+from openai.types.chat import ChatCompletionMessageParam
 
 from llm_latency.testing import Profile, RunningServer, running
 
-MESSAGES = [{"role": "user", "content": "Say hello."}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello."}]
+#: The same conversation for the anthropic and ollama clients' types.
+CLAUDE_MESSAGES: list[MessageParam] = [{"role": "user", "content": "Say hello."}]
+OLLAMA_MESSAGES: list[Mapping[str, Any]] = [{"role": "user", "content": "Say hello."}]
 TOKENS = 5
 EXPECTED = "".join(f"token{i} " for i in range(TOKENS))
 EARLY = 0.005  # a timer may fire this much before its deadline (the bounds are lower bounds)
@@ -49,7 +55,7 @@ async def test_openai_stream_ends_with_finish_reason_and_usage(server: RunningSe
     async with openai_client(server) as client:
         stream = await client.chat.completions.create(
             model="gpt-4o-mini",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             stream=True,
             stream_options={"include_usage": True},
         )
@@ -75,7 +81,7 @@ async def test_openai_stream_without_include_usage_has_no_usage_chunk(
     async with openai_client(server) as client:
         stream = await client.chat.completions.create(
             model="m",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             stream=True,
         )
         chunks = [chunk async for chunk in stream]
@@ -106,7 +112,7 @@ async def test_openai_json_answer_has_finish_reason_usage_and_request_id(
     async with openai_client(server) as client:
         raw = await client.chat.completions.with_raw_response.create(
             model="gpt-4o-mini",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
         )
         completion = raw.parse()
     assert raw.headers["x-request-id"] == completion._request_id
@@ -127,7 +133,7 @@ async def test_openai_sdk_retries_the_scripted_429() -> None:
             started = time.monotonic()
             raw = await client.chat.completions.with_raw_response.create(
                 model="m",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
             )
             waited = time.monotonic() - started
     assert raw.retries_taken == 1
@@ -140,7 +146,7 @@ async def test_openai_sdk_sees_the_429_and_500_with_their_headers() -> None:
         server.state.rate_limit_next = 1
         async with openai_client(server, max_retries=0) as client:
             with pytest.raises(openai.RateLimitError) as limited:
-                await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+                await client.chat.completions.create(model="m", messages=MESSAGES)
     assert limited.value.status_code == 429
     assert limited.value.response.headers["retry-after-ms"] == "1500"
     assert limited.value.response.headers["retry-after"] == "2"
@@ -149,7 +155,7 @@ async def test_openai_sdk_sees_the_429_and_500_with_their_headers() -> None:
     async with running(Profile(ttfb=0.01, tokens=1, error_rate=1.0, seed=1)) as server:
         async with openai_client(server, max_retries=0) as client:
             with pytest.raises(openai.InternalServerError) as failed:
-                await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+                await client.chat.completions.create(model="m", messages=MESSAGES)
     assert failed.value.status_code == 500 and failed.value.request_id is not None
 
 
@@ -182,7 +188,7 @@ async def test_anthropic_create_has_stop_reason_usage_and_request_id(
         raw = await client.messages.with_raw_response.create(
             model="mock-claude-sonnet",
             max_tokens=64,
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=CLAUDE_MESSAGES,
         )
         message = await raw.parse()
     assert message._request_id == raw.headers["request-id"]
@@ -205,7 +211,7 @@ async def test_anthropic_stream_events_reach_the_sdk(server: RunningServer) -> N
         stream = await client.messages.create(
             model="mock-claude-sonnet",
             max_tokens=64,
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=CLAUDE_MESSAGES,
             stream=True,
         )
         assert stream.response.headers["request-id"].startswith("req_")
@@ -214,7 +220,7 @@ async def test_anthropic_stream_events_reach_the_sdk(server: RunningServer) -> N
     assert kinds == ["message_start", "content_block_start", *["content_block_delta"] * TOKENS,
                      "content_block_stop", "message_delta", "message_stop"]  # fmt: skip
     delta = events[-2]
-    assert delta.type == "message_delta"
+    assert isinstance(delta, RawMessageDeltaEvent)
     assert delta.delta.stop_reason == "end_turn" and delta.usage.output_tokens == TOKENS
 
 
@@ -227,7 +233,7 @@ async def test_anthropic_messages_stream_helper_builds_the_final_message() -> No
         async with client.messages.stream(
             model="mock-claude-haiku",
             max_tokens=64,
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=CLAUDE_MESSAGES,
         ) as stream:
             texts = [text async for text in stream.text_stream]
             first_text = texts[0]
@@ -249,7 +255,7 @@ async def test_anthropic_sdk_retries_the_scripted_429_after_retry_after() -> Non
             raw = await client.messages.with_raw_response.create(
                 model="mock-claude-haiku",
                 max_tokens=16,
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=CLAUDE_MESSAGES,
             )
             waited = time.monotonic() - started
     assert raw.retries_taken == 1 and (await raw.parse()).stop_reason == "end_turn"
@@ -261,7 +267,7 @@ async def test_anthropic_sdk_sees_the_429_and_500_in_anthropic_shape() -> None:
         server.state.rate_limit_next = 1
         async with anthropic_client(server, max_retries=0) as client:
             with pytest.raises(anthropic.RateLimitError) as limited:
-                await client.messages.create(model="m", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+                await client.messages.create(model="m", max_tokens=8, messages=CLAUDE_MESSAGES)
     headers = limited.value.response.headers
     assert headers["retry-after"] == "2" and "retry-after-ms" not in headers
     assert headers["anthropic-ratelimit-requests-remaining"] == "0"
@@ -271,7 +277,7 @@ async def test_anthropic_sdk_sees_the_429_and_500_in_anthropic_shape() -> None:
     async with running(Profile(ttfb=0.01, tokens=1, error_rate=1.0, seed=1)) as server:
         async with anthropic_client(server, max_retries=0) as client:
             with pytest.raises(anthropic.InternalServerError) as failed:
-                await client.messages.create(model="m", max_tokens=8, messages=MESSAGES)  # type: ignore[arg-type]
+                await client.messages.create(model="m", max_tokens=8, messages=CLAUDE_MESSAGES)
     assert failed.value.status_code == 500 and failed.value.request_id is not None
     assert isinstance(failed.value.body, dict) and failed.value.body["error"]["type"] == "api_error"
 
@@ -281,7 +287,7 @@ async def test_anthropic_sdk_sees_the_429_and_500_in_anthropic_shape() -> None:
 
 async def test_ollama_chat_stream_ends_with_the_done_line(server: RunningServer) -> None:
     client = ollama.AsyncClient(host=server.url(""))
-    parts = [part async for part in await client.chat(model="llama3.2", messages=MESSAGES,
+    parts = [part async for part in await client.chat(model="llama3.2", messages=OLLAMA_MESSAGES,
                                                       stream=True)]  # fmt: skip
     *tokens, last = parts
     assert len(tokens) == TOKENS and not any(part.done for part in tokens)
@@ -301,7 +307,7 @@ async def test_ollama_generate_streamed_and_not(server: RunningServer) -> None:
     assert whole.eval_count == TOKENS and whole.context
     assert whole.total_duration is not None and whole.total_duration >= (0.05 + 0.025 - EARLY) * 1e9
     parts = [p async for p in await client.generate(model="llama3.2", prompt="Hi", stream=True)]
-    assert "".join(p.response for p in parts) == EXPECTED
+    assert "".join(p.response or "" for p in parts) == EXPECTED
     assert [p.done for p in parts] == [False] * TOKENS + [True]
     assert parts[-1].done_reason == "stop" and parts[-1].eval_count == TOKENS
     listed = await client.list()
@@ -310,7 +316,7 @@ async def test_ollama_generate_streamed_and_not(server: RunningServer) -> None:
 
 async def test_ollama_chat_not_streamed(server: RunningServer) -> None:
     client = ollama.AsyncClient(host=server.url(""))
-    answer = await client.chat(model="llama3.2", messages=MESSAGES, stream=False)
+    answer = await client.chat(model="llama3.2", messages=OLLAMA_MESSAGES, stream=False)
     assert answer.done and answer.done_reason == "stop"
     assert answer.message.role == "assistant" and answer.message.content == EXPECTED
     assert answer.eval_count == TOKENS
@@ -335,8 +341,8 @@ async def test_ollama_client_sees_the_scripted_failures() -> None:
         server.state.rate_limit_next = 1
         client = ollama.AsyncClient(host=server.url(""))
         with pytest.raises(ollama.ResponseError) as limited:
-            await client.chat(model="m", messages=MESSAGES)
-        after = await client.chat(model="m", messages=MESSAGES)
+            await client.chat(model="m", messages=OLLAMA_MESSAGES)
+        after = await client.chat(model="m", messages=OLLAMA_MESSAGES)
     assert limited.value.status_code == 429 and "rate limit" in limited.value.error
     assert after.done
     async with running(Profile(ttfb=0.01, tokens=1, error_rate=1.0, seed=1)) as server:

@@ -29,6 +29,7 @@ from packaging.requirements import Requirement
 import llm_latency
 from llm_latency import instrumentor as instrumentor_module
 from llm_latency.adapters import aiohttp as aiohttp_adapter
+from llm_latency.adapters._patching import PatchSet
 from llm_latency.adapters._resolver import resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.instrumentor import LLMLatencyInstrumentor, Target
@@ -52,7 +53,7 @@ async def fetch(client: str, url: str, **options: Any) -> bytes:
     if client == "requests":
         return await asyncio.to_thread(lambda: requests.post(url, json={"m": 1}).content)
     module = httpx if client == "httpx" else httpx2
-    async with module.AsyncClient() as http:  # type: ignore[attr-defined]
+    async with module.AsyncClient() as http:
         response = await http.post(url, json={"m": 1})
         return bytes(response.content)
 
@@ -239,7 +240,8 @@ def test_instrumentation_dependencies_are_the_supported_ranges() -> None:
     dependencies = [Requirement(r) for r in LLMLatencyInstrumentor().instrumentation_dependencies()]
     names = [requirement.name for requirement in dependencies]
     assert names == [
-        "aiohttp", "httpcore", "httpcore2", "urllib3", "openai", "anthropic", "litellm"
+        "aiohttp", "httpcore", "httpcore2", "urllib3", "openai", "anthropic",
+        "groq", "google-genai", "mistralai", "cohere", "botocore", "litellm",
     ]  # fmt: skip
     # The same ranges as the package's extras (the versions CI tests, oldest and newest).
     extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
@@ -257,6 +259,13 @@ def test_instrumentation_dependencies_are_the_supported_ranges() -> None:
     assert LLMLatencyInstrumentor()._check_dependency_conflicts() is None
 
 
+def patches_of(adapter: object) -> PatchSet:
+    """An adapter's patches (each adapter class keeps its own ``PatchSet``)."""
+    patches = vars(adapter)["_patches"]
+    assert isinstance(patches, PatchSet), adapter
+    return patches
+
+
 def test_docs_list_every_hook() -> None:
     # Each SDK's hooks go in when it is imported: litellm, which no other test here imports,
     # is imported for them (from the price list it ships, not one fetched).
@@ -272,7 +281,7 @@ def test_docs_list_every_hook() -> None:
     telemetry.instrument()
     try:
         adapters = LLMLatencyInstrumentor()._adapters
-        hooked = {(a.name, cap, target) for a in adapters for cap, target in a._patches.targets}
+        hooked = {(a.name, cap, target) for a in adapters for cap, target in patches_of(a).targets}
         resolver = resolver_hooks._patches
         assert resolver is not None
         shared = "httpx, httpx2, requests"

@@ -24,6 +24,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 import llm_latency
+from tests.checks import histogram, int_value
 from tests.conftest import Telemetry
 from tests.httpx_clients import KINDS, Client
 from tests.servers import LLMServer
@@ -58,18 +59,18 @@ def sample(telemetry: Telemetry) -> Sample:
                     attributes = dict(point.attributes or {})
                     if metric.name == "http.client.open_connections":
                         if attributes["http.connection.state"] == "active":
-                            found.active += point.value
+                            found.active += int_value(point)
                         else:
-                            found.idle += point.value
+                            found.idle += int_value(point)
                     elif metric.name == "llm_latency.pool.waiting":
-                        found.waiting += point.value
+                        found.waiting += int_value(point)
                     elif metric.name == "http.client.active_requests":
-                        found.requests += point.value
+                        found.requests += int_value(point)
                     elif metric.name == "llm_latency.pool.limit":
-                        found.limit = (found.limit or 0) + point.value
+                        found.limit = (found.limit or 0) + int_value(point)
                     elif metric.name == "http.client.connection.duration":
-                        found.closed_connections += point.count
-                        found.lifetime_sum += point.sum
+                        found.closed_connections += histogram(point).count
+                        found.lifetime_sum += histogram(point).sum
     return found
 
 

@@ -1,7 +1,8 @@
-"""``llm-latency probe`` as an everyday tool, run as a subprocess against mock-server: each
-request printed as it finishes (through a pseudo-terminal), Ctrl-C, ``--jsonl``, one
-``--timeout`` meaning for every client, the layout at 60 to 200 columns, percentiles per status
-class, findings, input errors, a closed pipe, and mock-server's log of a client that hangs up."""
+"""``llm-latency probe`` as an everyday tool against mock-server: each request printed as it
+finishes (through a pseudo-terminal), Ctrl-C, ``--jsonl``, one ``--timeout`` meaning for every
+client, the layout at 60 to 200 columns, percentiles per status class, findings, input errors, a
+closed pipe, and mock-server's log of a client that hangs up. What needs a process (a terminal,
+SIGINT, output read as it comes, a pipe) runs one; the rest runs in process (``run_cli``)."""
 
 from __future__ import annotations
 
@@ -22,17 +23,11 @@ from rich.cells import cell_len
 
 from llm_latency.cli.render import CLOCK_NOTE, findings_lines
 from tests.bad_servers import RawServer, response
+from tests.command_line import CLI, environment, mock_server, one_error_line, probe_json, run_cli
 from tests.servers import unused_port
-from tests.test_cli import CLI, mock_server, one_error_line, probe_json, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 UNIT = r"(?:ms|s|µs)"
-
-
-def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(extra)
-    return env
 
 
 def read_until(fd: int, wanted: re.Pattern[str], seen: str = "", limit: float = 60) -> str:
@@ -229,7 +224,7 @@ def test_a_server_that_reports_more_than_the_wait_gets_a_note() -> None:
         result = run_cli("probe", server.url(), env={"COLUMNS": "120"})
         report = probe_json(server.url())
     assert result.returncode == 0, result.stderr
-    (request,) = report["requests"]  # type: ignore[misc]
+    (request,) = report["requests"]
     assert request["network_overhead"] < -4.5
     assert re.search(rf"network\+edge -[45]\.\d\d\xa0s \({CLOCK_NOTE}\)", result.stdout)
 

@@ -8,7 +8,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,18 +78,8 @@ async def test_nothing_set_up_configures_the_sdk_from_the_environment(server: LL
 
 
 async def test_any_registered_exporter_works(server: LLMServer, tmp_path: Path) -> None:
-    # An exporter of the program's own, registered under the SDK's entry point.
-    (tmp_path / "recording_exporter.py").write_text(
-        textwrap.dedent("""
-            from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-            class Recording(SpanExporter):
-                def export(self, spans):
-                    for span in spans:
-                        print("RECORDED", span.name, flush=True)
-                    return SpanExportResult.SUCCESS
-        """)
-    )
+    # An exporter of the program's own (tests/programs/recording_exporter.py, importable
+    # beside app.py), registered under the SDK's entry point by a dist-info of its own.
     dist = tmp_path / "recording_exporter-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(

@@ -12,12 +12,15 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from dirty_equals import IsFloat
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tests.conftest import Telemetry, seconds
 from tests.provider_api import TOKEN_GAP, TOKENS, WAIT, ProviderServer, provider_server
+from tests.span_tree import phase_nodes, span_tree
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 OPENAI_KEY = "sk-openai-secret-key-4242"
 ANTHROPIC_KEY = "sk-ant-secret-key-4343"
 
@@ -110,15 +113,76 @@ async def test_openai_retry_after_429(
             model="gpt-test", messages=MESSAGES, extra_headers=headers
         ),
     )
+    # The whole trace: the SDK call's span, and under it the two attempts (with their phases)
+    # and the wait between them. Async attempts also carry their event loop's lag.
+    tree = span_tree(telemetry.spans())
+    lag = {"llm_latency.event_loop.lag": IsFloat(ge=0)} if is_async else {}
+    assert tree == [
+        {
+            "name": "openai POST /chat/completions",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 2, "llm_latency.sdk": "openai"},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        "error.type": "429",
+                        "http.request.method": "POST",
+                        "http.response.header.request-id": ["req_429"],
+                        "http.response.header.retry-after": ["1"],
+                        "http.response.header.retry-after-ms": ["150"],
+                        "http.response.header.x-request-id": ["req_429"],
+                        "http.response.header.x-should-retry": ["true"],
+                        "http.response.status_code": 429,
+                        "llm_latency.connection.reused": False,
+                        **lag,
+                        "network.protocol.version": "1.1",
+                        "server.address": "127.0.0.1",
+                        "server.port": "PORT",
+                        "url.full": "http://127.0.0.1:PORT/v1/chat/completions",
+                        "url.template": "/v1/chat/completions",
+                    },
+                    "children": phase_nodes("connect", "send", "wait", "receive"),
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.15,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        "http.request.method": "POST",
+                        "http.request.resend_count": 1,
+                        "http.response.header.openai-model": ["gpt-test"],
+                        "http.response.header.openai-processing-ms": ["50"],
+                        "http.response.header.x-ratelimit-limit-requests": ["100"],
+                        "http.response.header.x-ratelimit-remaining-requests": ["99"],
+                        "http.response.header.x-ratelimit-remaining-tokens": ["5000"],
+                        "http.response.header.x-ratelimit-reset-requests": ["600ms"],
+                        "http.response.header.x-request-id": ["req_openai_1"],
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        **lag,
+                        "llm_latency.network_overhead": IsFloat(ge=0),
+                        "llm_latency.server.processing_time": 0.05,
+                        "network.protocol.version": "1.1",
+                        "server.address": "127.0.0.1",
+                        "server.port": "PORT",
+                        "url.full": "http://127.0.0.1:PORT/v1/chat/completions",
+                        "url.template": "/v1/chat/completions",
+                    },
+                    "children": phase_nodes("send", "wait", "receive"),
+                },
+            ],
+        }
+    ]
     limited, ok = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
-    first, second = attributes(limited), attributes(ok)
-    assert first["http.response.status_code"] == 429
-    assert first["error.type"] == "429"
-    assert first["http.response.header.retry-after-ms"] == ("150",)
-    assert first["http.response.header.retry-after"] == ("1",)
-    assert "http.request.resend_count" not in first
-    assert second["http.response.status_code"] == 200
-    assert second["http.request.resend_count"] == 1
     # The SDK waited as the server asked before the second attempt.
     assert (ok.start_time or 0) - (limited.end_time or 0) >= 0.15e9 - 5e6
     (limited_count,) = telemetry.metric_points("llm_latency.rate_limited")

@@ -5,11 +5,11 @@ header is refused with a warning."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import pytest
 
 import llm_latency
+from tests.attributes import str_attr
 from tests.conftest import Telemetry
 from tests.httpx_clients import KINDS, Client
 from tests.servers import SECRET_RESPONSE_BODY, LLMServer
@@ -47,7 +47,7 @@ async def test_no_secret_is_exported(telemetry: Telemetry, server: LLMServer, ki
     assert len(telemetry.requests()) == 2
     for secret in (*SECRETS.values(), SECRET_RESPONSE_BODY, "cookie-secret-9c1d"):
         assert secret not in text
-    url_full: Any = telemetry.requests()[0].attributes["url.full"]  # type: ignore[index]
+    url_full = str_attr(telemetry.requests()[0], "url.full")
     assert "key=REDACTED" in url_full
     assert "/v1/chat/completions" in url_full
 

@@ -8,6 +8,7 @@ import os
 import threading
 
 import pytest
+from opentelemetry.metrics import CallbackOptions
 
 from llm_latency.metrics import _FreshValues, _Tallies
 
@@ -40,7 +41,7 @@ def test_a_forked_child_counts_from_zero_with_a_free_lock(kind: type[_Tallies]) 
             counted.join(5)
             if counted.is_alive():
                 code = 3  # deadlocked on the parent's lock
-            elif [(o.value, o.attributes) for o in tallies.observe(None)] == [  # type: ignore[arg-type]
+            elif [(o.value, o.attributes) for o in tallies.observe(CallbackOptions())] == [
                 (2, dict(KEY))
             ]:
                 code = 0
@@ -53,4 +54,6 @@ def test_a_forked_child_counts_from_zero_with_a_free_lock(kind: type[_Tallies]) 
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     # The parent still has its own value.
-    assert [o.value for o in tallies.observe(None)] == [7 if kind is _FreshValues else 1]  # type: ignore[arg-type]
+    assert [o.value for o in tallies.observe(CallbackOptions())] == [
+        7 if kind is _FreshValues else 1
+    ]

@@ -34,6 +34,7 @@ def instrument(
     clients: Iterable[str] | None = None,
     capture_response_headers: Iterable[str] = (),
     phase_spans: bool = True,
+    phase_span_fast_path: bool = True,
     configure: bool = True,
 ) -> None:
     """Trace every HTTP attempt of the installed clients, phase by phase, and record metrics.
@@ -47,6 +48,11 @@ def instrument(
             besides the default allow-list. Credential and cookie headers are refused.
         phase_spans: emit one child span per phase (``http.dns``, ``http.wait``, ...). With
             False, only the request span and the metrics are emitted.
+        phase_span_fast_path: hand the phase spans that succeeded to the SDK's span processor
+            as finished spans (about 3 µs each instead of 15). Span processors then see them
+            in ``on_end`` only, and the sampler and span limits are not asked (a sampled
+            request span is what a ParentBased sampler follows). False sends every phase span
+            through the public API, for processors that need ``on_start``.
         configure: if, at the first instrumented request, the program has set up neither a
             tracer provider nor a meter provider (and passed none here), set up the
             OpenTelemetry SDK from the ``OTEL_*`` variables (exporters by name, default OTLP
@@ -64,6 +70,7 @@ def instrument(
         clients=None if clients is None else list(clients),
         capture_response_headers=tuple(capture_response_headers),
         phase_spans=phase_spans,
+        phase_span_fast_path=phase_span_fast_path,
         before_first_request=configure_if_unset if configure_later else None,
     )
 

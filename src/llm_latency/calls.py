@@ -37,6 +37,7 @@ class LogicalCall:
         "_returned",
         "attempts",
         "last_host",
+        "numbers_attempts",
         "own_backoffs",
         "span",
     )
@@ -47,6 +48,9 @@ class LogicalCall:
         self.span = span
         #: True when the caller (the retry helper) emits the backoff spans itself.
         self.own_backoffs = own_backoffs
+        #: True when the attempts carry their number in the call as their resend count (an
+        #: SDK call, whose SDK may send no retry-count header of its own).
+        self.numbers_attempts = False
         #: Attempts started so far.
         self.attempts = 0
         #: The host of the latest attempt that ended.
@@ -76,6 +80,8 @@ class LogicalCall:
                 self._last_end_epoch_ns,
                 max(start_epoch_ns, self._last_end_epoch_ns),
             )
+        if self.numbers_attempts:
+            resend_count = max(resend_count, self.attempts)
         self.attempts += 1
         self._open_attempts += 1
         return max(resend_count, self._helper_attempt), backoff
@@ -91,6 +97,12 @@ class LogicalCall:
         self._last_retry_after = retry_after
         self.last_host = host
         return self._returned and self._open_attempts <= 0
+
+    @property
+    def failed_last(self) -> str | None:
+        """When no attempt is open and the latest one failed, why (its error type or status):
+        an SDK that returns a failed response and raises only above the call (cohere's)."""
+        return self._last_reason if self._open_attempts <= 0 else None
 
     def returned(self) -> bool:
         """The operation returned (or raised). True when the whole call is over; False while

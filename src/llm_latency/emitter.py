@@ -33,7 +33,7 @@ from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
 from llm_latency.setup import tracer_provider_is_set
-from llm_latency.suppression import under_http_client_span
+from llm_latency.suppression import under_genai_span, under_http_client_span
 from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 from llm_latency.urls import redact, route_template
 from llm_latency.version import __version__
@@ -68,6 +68,7 @@ class Emitter:
         *,
         capture_headers: tuple[str, ...],
         phase_spans: bool = True,
+        phase_span_fast_path: bool = True,
         before_first_request: Callable[[], None] | None = None,
     ) -> None:
         self._tracer = tracer
@@ -85,7 +86,8 @@ class Emitter:
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
         self._failure_logged = False
         self.metrics = AttemptMetrics(meter)
-        self._phase_writer = PhaseSpanWriter(tracer)
+        self._fast_path = phase_span_fast_path
+        self._phase_writer = PhaseSpanWriter(tracer, fast_path=phase_span_fast_path)
         # Attempts started and not yet ended: ended by finish_all() when the plugin is
         # uninstrumented, since the hooks that would end them are gone then.
         self._open: set[Timeline] = set()
@@ -175,7 +177,7 @@ class Emitter:
             self._tracer = trace.get_tracer(
                 semconv.SCOPE_NAME, __version__, schema_url=semconv.SCHEMA_URL
             )
-            self._phase_writer = PhaseSpanWriter(self._tracer)
+            self._phase_writer = PhaseSpanWriter(self._tracer, fast_path=self._fast_path)
 
     # -- logical calls and backoffs -----------------------------------------------------------
 
@@ -226,9 +228,7 @@ class Emitter:
             # The set-up at the first request happens here when a call opens first, or the
             # first call's span would go to the API's no-op tracer.
             self._settle_tracer()
-        current = get_current_span()
-        current_attributes = getattr(current, "attributes", None) or {}
-        if current.is_recording() and any(key.startswith("gen_ai.") for key in current_attributes):
+        if under_genai_span():
             return LogicalCall(own_backoffs=own_backoffs)
         span = self._tracer.start_span(name, kind=_INTERNAL, attributes=attributes)
         return LogicalCall(span, own_backoffs=own_backoffs)
@@ -261,14 +261,25 @@ class Emitter:
         if span is not None and span.is_recording():
             span.end()
 
-    def close_call(self, call: LogicalCall, error: BaseException | None = None) -> None:
+    def close_call(
+        self,
+        call: LogicalCall,
+        error: BaseException | None = None,
+        *,
+        returned_failure: bool = False,
+    ) -> None:
         """The operation returned (or raised). Its span ends now, or when its last attempt
-        (a stream still being read) ends."""
+        (a stream still being read) ends. ``returned_failure``: when it returned with its
+        latest attempt failed (an SDK that raises only above the hooked method: cohere's), the
+        call failed for that reason."""
         span = call.span
         if span is not None and error is not None:
             span.set_status(Status(StatusCode.ERROR, error_type(error)))
             span.set_attribute(semconv.ERROR_TYPE, error_type(error))
             span.record_exception(error)
+        elif span is not None and returned_failure and call.failed_last is not None:
+            span.set_status(Status(StatusCode.ERROR, call.failed_last))
+            span.set_attribute(semconv.ERROR_TYPE, call.failed_last)
         if call.returned():
             self._end_call(call)
 

@@ -12,6 +12,7 @@ thousands of modules, which a program that never uses them should not pay.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import logging
@@ -52,16 +53,26 @@ class Adapter(Protocol):
 
 @dataclass(frozen=True)
 class Target:
-    """A library llm-latency hooks: the distribution whose version decides, its supported
-    range, and the adapter class (``module:Class``)."""
+    """A library llm-latency hooks: the module whose import installs the adapter, the
+    distribution whose version decides, its supported range, and the adapter class
+    (``module:Class``). ``older_module``: the module to wait for instead when ``module`` does
+    not exist (the library's layout before a rename)."""
 
     module: str
     requirement: str
     adapter: str
+    older_module: str | None = None
 
     @property
     def distribution(self) -> str:
         return self.requirement.split()[0]
+
+    def trigger(self) -> str | None:
+        """The module whose import installs the adapter, if the library is installed."""
+        for module in (self.module, self.older_module):
+            if module is not None and _installed(module):
+                return module
+        return None
 
 
 #: Client name -> what it hooks. The ranges are the versions CI tests (oldest and newest).
@@ -86,6 +97,22 @@ SDKS: dict[str, Target] = {
     "anthropic": Target(
         "anthropic", "anthropic >= 2.0, < 3", "llm_latency.adapters.sdks:AnthropicAdapter"
     ),
+    "groq": Target("groq", "groq >= 1.0, < 2", "llm_latency.adapters.sdks:GroqAdapter"),
+    "google-genai": Target(
+        "google.genai", "google-genai >= 3.0, < 4", "llm_latency.adapters.sdks:GoogleGenAIAdapter"
+    ),
+    # mistralai 2 and later are a namespace package (an import hook on it never runs) with
+    # the SDK under mistralai.client; 1.x is the package itself.
+    "mistralai": Target(
+        "mistralai.client.basesdk",
+        "mistralai >= 1.5, < 4",
+        "llm_latency.adapters.sdks:MistralAdapter",
+        older_module="mistralai",
+    ),
+    "cohere": Target("cohere", "cohere >= 7.0, < 8", "llm_latency.adapters.sdks:CohereAdapter"),
+    "botocore": Target(
+        "botocore", "botocore >= 1.35, < 2", "llm_latency.adapters.sdks:BotocoreAdapter"
+    ),
     "litellm": Target(
         "litellm", "litellm >= 1.83.0, < 2", "llm_latency.adapters.litellm:LiteLLMAdapter"
     ),
@@ -93,10 +120,22 @@ SDKS: dict[str, Target] = {
 
 
 def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it or its packages (a
+    dotted name's packages are looked up on disk, not run)."""
+    if module in sys.modules:
+        return True
+    top, *parts = module.split(".")
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(top)
+        for depth, _ in enumerate(parts, 1):
+            locations = None if spec is None else spec.submodule_search_locations
+            if locations is None:
+                return False
+            name = ".".join([top, *parts[:depth]])
+            spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
     except (ImportError, ValueError):
         return False
+    return spec is not None
 
 
 def select_clients(clients: Iterable[str] | None) -> list[str]:
@@ -168,15 +207,18 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Phase-level tracing and metrics for the HTTP clients LLM SDKs use.
 
     ``instrument(tracer_provider=None, meter_provider=None, clients=None,
-    capture_response_headers=(), phase_spans=True)``; registered under the
-    ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
+    capture_response_headers=(), phase_spans=True, phase_span_fast_path=True)``; registered
+    under the ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
     """
 
     _adapters: list[Adapter]
     emitter: Emitter | None = None
     #: The emitter whose import hooks may still install adapters (None once uninstrumented).
     _live: Emitter | None = None
-    _adapters_lock = threading.Lock()
+    # Reentrant: installing one adapter may import another hooked library, whose import hook
+    # then installs its adapter inside the first (botocore's hook imports botocore.client,
+    # which imports urllib3 for the first time).
+    _adapters_lock = threading.RLock()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         """The supported range of every library llm-latency hooks. Any one of the clients is
@@ -209,19 +251,19 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             meter,
             capture_headers=resolve_capture_list(kwargs.get("capture_response_headers") or ()),
             phase_spans=bool(kwargs.get("phase_spans", True)),
+            phase_span_fast_path=bool(kwargs.get("phase_span_fast_path", True)),
             before_first_request=before_first_request,
         )
         self.emitter = self._live = emitter
         self._adapters = []
         chosen = [(name, CLIENTS[name]) for name in select_clients(kwargs.get("clients"))]
-        chosen += [(name, target) for name, target in SDKS.items() if _installed(target.module)]
+        chosen += [(name, target) for name, target in SDKS.items() if target.trigger()]
         for name, target in chosen:
-            if target.module in sys.modules:
+            module = target.trigger() or target.module
+            if module in sys.modules:
                 self._add(name, target, emitter)
             else:
-                wrapt.register_post_import_hook(
-                    self._when_imported(name, target, emitter), target.module
-                )
+                wrapt.register_post_import_hook(self._when_imported(name, target, emitter), module)
 
     def _when_imported(self, name: str, target: Target, emitter: Emitter) -> Callable[[Any], None]:
         """An import hook that installs the adapter, unless this instrumentation has ended by

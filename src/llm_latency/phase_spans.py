@@ -8,13 +8,18 @@ phases that succeeded, when the tracer is the OpenTelemetry SDK's and the reques
 sampled (a sampled parent is what a ParentBased sampler would follow). Span processors see
 these spans in ``on_end`` only, not in ``on_start``. Otherwise, and for the phase that failed
 (it carries an exception event), the public API is used.
+
+The direct path reads the SDK tracer's ``span_processor``, ``id_generator``, ``resource`` and
+``_instrumentation_scope``: it is taken only with an SDK release in the range CI tests
+(:data:`FAST_PATH_SDK`) that has all four, and only when the program has not turned it off
+(``instrument(phase_span_fast_path=False)``: for span processors that need ``on_start``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanContext, SpanKind, Tracer
@@ -25,21 +30,49 @@ from llm_latency.timeline import PHASE_NAMES
 try:  # the SDK is a dependency, but the tracer in use may be another implementation's
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.trace import Tracer as SdkTracer
+    from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 except ImportError:  # pragma: no cover
     SdkTracer = None  # type: ignore[assignment,misc]
+    _SDK_VERSION = ""
 
 _INTERNAL = SpanKind.INTERNAL
 
 #: Hosts whose attribute sets are kept at most (beyond, they are built per span).
 _MAX_HOSTS = 256
 
+#: The OpenTelemetry SDK releases the direct path is tested with: ``[first, last)`` (major,
+#: minor). Outside, phase spans go through the public API.
+FAST_PATH_SDK: Final = ((1, 43), (2, 0))
+_SDK_TRACER_FIELDS: Final = ("span_processor", "id_generator", "resource", "_instrumentation_scope")
+
+
+def sdk_release(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of an SDK version string, or None when it does not read as one."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def direct_path_supported(tracer: Tracer, sdk_version: str) -> bool:
+    """Whether finished phase spans can be handed to this tracer's span processor: an SDK
+    tracer, of a tested release, with the fields the direct path reads."""
+    if SdkTracer is None or not isinstance(tracer, SdkTracer):
+        return False
+    release = sdk_release(sdk_version)
+    first, last = FAST_PATH_SDK
+    if release is None or not first <= release < last:
+        return False
+    return all(hasattr(tracer, field) for field in _SDK_TRACER_FIELDS)
+
 
 class PhaseSpanWriter:
     """Emits one finished phase span under a request span."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Tracer, *, fast_path: bool = True) -> None:
         self._tracer = tracer
-        self._sdk = SdkTracer is not None and isinstance(tracer, SdkTracer)
+        self._sdk = fast_path and direct_path_supported(tracer, _SDK_VERSION)
         # host -> ``{llm_latency.phase, server.address}`` per phase, shared read-only by every
         # span and phase-duration measurement of that phase and host (span metrics and
         # dashboards filter phases by host).

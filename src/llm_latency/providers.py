@@ -167,8 +167,11 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         stream_types=_EVENT_STREAM,
     ),
     ProviderProfile(
-        # botocore: data/bedrock-runtime/*/service-2.json (routes), retries/standard.py and
-        # handlers.py (amz-sdk-request), parsers.py (x-amzn-requestid, event streams).
+        # botocore: data/bedrock-runtime/*/service-2.json (routes; serialize.py percent-encodes
+        # the "/" of an ARN model id, so [^/]+ holds; invoke-with-bidirectional-stream needs
+        # HTTP/2 and handlers.py removes it), retries/standard.py and handlers.py
+        # (amz-sdk-request), parsers.py (x-amzn-requestid, event streams). The invocation
+        # latency and token counts are headers of Bedrock's responses, not in botocore's model.
         name="AWS Bedrock",
         routes=tuple(
             Route(rf"(?:^|/)model/[^/]+/{path}/?$", f"/model/{{modelId}}/{path}")
@@ -190,7 +193,11 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         ),
     ),
     ProviderProfile(
-        # google-genai: _api_client.py (paths, ?alt=sse); Gemini and Vertex AI REST references.
+        # google-genai: _api_client.py (the paths it builds; streams ask for "?alt=sse"; it
+        # retries, with tenacity, only when given HttpRetryOptions, and sends no retry-count
+        # header). Google's front end answers with "server-timing: gfet4t7; dur=<ms>" and no
+        # request-id or rate-limit header (the id is the body's responseId; a 429's wait is in
+        # its body's RetryInfo).
         name="Gemini and Vertex AI",
         routes=tuple(
             Route(
@@ -219,40 +226,61 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         stream_types=_EVENT_STREAM,
     ),
     ProviderProfile(
-        # mistralai: sdk chat.py, fim.py, agents.py (routes); utils/retries.py retries with no
-        # header of its own.
+        # mistralai: client/chat.py, fim.py, agents.py (routes; chat is OpenAI's route);
+        # utils/retries.py retries with no header of its own. Mistral's API answers with
+        # mistral-correlation-id (x-kong-request-id holds the same id), its gateway's
+        # x-envoy-upstream-service-time and x-kong-upstream-latency (ms), and per-minute and
+        # per-month x-ratelimit-*-req-minute / -tokens-minute / -tokens-month headers, with
+        # no reset header.
         name="Mistral",
         routes=tuple(
             Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{path}")
             for path in ("fim/completions", "agents/completions", "conversations", "ocr")
         ),
+        note="and OpenAI's (`/v1/chat/completions`, `/v1/embeddings`, ...)",
         request_id_headers=("mistral-correlation-id", "x-kong-request-id"),
-        server_time_headers=(("x-envoy-upstream-service-time", MILLISECONDS),),
+        server_time_headers=(
+            ("x-envoy-upstream-service-time", MILLISECONDS),
+            ("x-kong-upstream-latency", MILLISECONDS),
+        ),
+        ratelimit_remaining=(
+            ("x-ratelimit-remaining-req-minute", "requests"),
+            ("x-ratelimit-remaining-tokens-minute", "tokens"),
+            ("x-ratelimit-remaining-tokens-month", "tokens_month"),
+        ),
         ratelimit_other=(
-            "x-ratelimit-remaining-tokens-minute",
-            "x-ratelimit-remaining-tokens-month",
+            "x-ratelimit-limit-req-minute",
             "x-ratelimit-limit-tokens-minute",
+            "x-ratelimit-limit-tokens-month",
+            "x-ratelimit-tokens-query-cost",
         ),
         stream_types=_EVENT_STREAM,
     ),
     ProviderProfile(
-        # cohere: v2/raw_client.py and raw_base_client.py (routes, streams).
+        # cohere: v2/raw_client.py and raw_base_client.py (routes, streams: v2 is SSE, v1
+        # "application/stream+json"); core/http_client.py retries (no retry-count header) and
+        # waits as retry-after-ms, retry-after or x-ratelimit-reset say. Cohere's API answers
+        # with x-debug-trace-id (no x-request-id), envoy's upstream time, and trial-key call
+        # limits.
         name="Cohere",
         routes=tuple(
             Route(rf"(?:^|/)(v[12])/{path}/?$", rf"/\1/{path}")
             for path in ("chat", "embed", "rerank", "generate", "classify", "tokenize")
         ),
-        request_id_headers=("x-debug-trace-id", "x-request-id"),
+        request_id_headers=("x-debug-trace-id",),
         server_time_headers=(("x-envoy-upstream-service-time", MILLISECONDS),),
+        ratelimit_remaining=(("x-trial-endpoint-call-remaining", "requests"),),
         ratelimit_other=(
             "x-endpoint-monthly-call-limit",
             "x-trial-endpoint-call-limit",
-            "x-trial-endpoint-call-remaining",
+            "x-ratelimit-reset",
         ),
         stream_types=(*_EVENT_STREAM, ("application/stream+json", NDJSON)),
     ),
     ProviderProfile(
-        # groq: the OpenAI-compatible API under /openai/v1 (openai's routes match it).
+        # groq: the OpenAI-compatible API under /openai/v1 (openai's routes match it);
+        # _base_client.py (x-stainless-retry-count); API reference "Rate limits" (the OpenAI
+        # x-ratelimit-* names, reset as "2m59.56s", retry-after on a 429); x-groq-region.
         name="Groq",
         request_id_headers=("x-request-id",),
         ratelimit_remaining=_OPENAI_RATELIMITS,

@@ -33,6 +33,21 @@ class SSECounter:
         if not data:
             return
         tail = self._tail
+        size = len(data)
+        if (
+            size > 2
+            and data[0] not in _TERMINATORS
+            and data.find(b"\n\n") == size - 2
+            and data.find(b"\r") < 0
+        ):
+            # The common case of LLM streams: one event's content, then a single blank line
+            # ("\n\n", and no other terminator run holds one). The run carried before it is
+            # complete; this one is carried until content follows.
+            if tail and self._had_content and tail not in _SINGLE_TERMINATORS:
+                self._counted += 1
+            self._tail = b"\n\n"
+            self._had_content = True
+            return
         if tail:
             if data[0] in _TERMINATORS:
                 data = tail + data  # the run goes on into this chunk

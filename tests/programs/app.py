@@ -24,7 +24,9 @@ def own_setup() -> Any:
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
     def line(span: ReadableSpan) -> str:
-        return f"MINE {span.name} {span.resource.attributes['service.name']}\n"
+        service = span.resource.attributes["service.name"]
+        assert isinstance(service, str), service  # Resource.create's own, a string
+        return f"MINE {span.name} {service}\n"
 
     resource = Resource.create({"service.name": "program-own"})
     tracer_provider = TracerProvider(resource=resource)

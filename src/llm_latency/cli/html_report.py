@@ -21,7 +21,7 @@ from click.core import ParameterSource
 
 from llm_latency.cli.redaction import scrub
 from llm_latency.cli.render import PHASE_COLORS
-from llm_latency.cli.results import RequestResult, summarize
+from llm_latency.cli.results import RequestResult, succeeded, summarize
 from llm_latency.diagnosis import Finding
 from llm_latency.diagnosis.findings import NBSP, duration, percentile
 from llm_latency.timeline import PHASE_NAMES
@@ -137,15 +137,13 @@ def _requests(results: Sequence[RequestResult]) -> list[RequestResult]:
 
 def _outcome(result: RequestResult) -> str:
     """``ok``, ``429``, ``5xx``, ``4xx`` or ``failed``: how the row is marked."""
-    if result.status is None:
+    if succeeded(result):
+        return "ok"
+    if result.status is None or result.status < 400:
         return "failed"
     if result.status == 429:
         return "429"
-    if result.status >= 500:
-        return "5xx"
-    if result.status >= 400:
-        return "4xx"
-    return "failed" if result.error else "ok"
+    return "5xx" if result.status >= 500 else "4xx"
 
 
 def _tally(results: Sequence[RequestResult]) -> str:

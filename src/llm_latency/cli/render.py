@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from llm_latency import semconv
 from llm_latency.cli.results import RequestResult, StatusSummary, summarize_by_status
 from llm_latency.diagnosis.findings import Finding, duration
 from llm_latency.timeline import PHASE_NAMES
@@ -148,7 +149,7 @@ def _bar_line(
     size = min(max(1, round(length * bar)), bar - start)
     line = Text(f"  {name:<{label}}")
     line.append(" " * start)
-    line.append("█" * size if name != "retry.backoff" else "░" * size, style=color)
+    line.append("█" * size if name != semconv.BACKOFF_SPAN else "░" * size, style=color)
     line.append(" " * (bar - start - size))
     line.append(f"{dur(value):>{VALUE_WIDTH}}")
     return line
@@ -174,7 +175,7 @@ def request_block(
     if result.kind == "backoff":
         colour = PHASE_COLORS["backoff"]
         offset = (result.start - origin) / span
-        lines = [_bar_line("retry.backoff", label, offset, result.total / span, bar, colour,
+        lines = [_bar_line(semconv.BACKOFF_SPAN, label, offset, result.total / span, bar, colour,
                            result.total)]  # fmt: skip
         if result.error:
             lines += [Text(line, style="dim") for line in wrap(f"waiting after {result.error}",

@@ -23,6 +23,7 @@ from llm_latency.diagnosis.records import (
     from_readable_spans,
     is_attempt,
     is_backoff,
+    is_success,
     to_attempt,
     to_backoff,
 )
@@ -198,8 +199,8 @@ def status_class(result: RequestResult) -> str:
 
 
 def succeeded(result: RequestResult) -> bool:
-    """A whole response with a status below 400."""
-    return status_class(result) in ("1xx", "2xx", "3xx")
+    """A whole response with a status below 400 (:func:`is_success` of the records)."""
+    return is_success(result.status, result.error)
 
 
 def summarize(results: Sequence[RequestResult]) -> dict[str, dict[str, float]]:

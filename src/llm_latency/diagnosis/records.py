@@ -25,6 +25,12 @@ RATELIMIT_HEADERS = (
 )
 
 
+def is_success(status: int | None, error: str | None) -> bool:
+    """What "succeeded" means for an attempt everywhere: a response with a status below 400,
+    and no error (none before it, and none after the headers, such as a stream cut short)."""
+    return error is None and status is not None and status < 400
+
+
 @dataclass(frozen=True)
 class SpanRecord:
     """One span, whatever it was read from. Ids are lowercase hex strings."""
@@ -107,8 +113,8 @@ class Attempt:
 
     @property
     def succeeded(self) -> bool:
-        """A response below 400, with no error."""
-        return self.error is None and self.status is not None and self.status < 400
+        """A whole response with a status below 400 (:func:`is_success`)."""
+        return is_success(self.status, self.error)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from llm_latency import semconv
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
 from llm_latency.diagnosis.records import Attempt, Call
+from llm_latency.timeline import DNS, QUEUE, WAIT
 
 #: new-connections: a connection set-up (DNS + TCP + TLS) that costs at least this (s) at p50...
 NEW_CONNECTION_MIN_SETUP: Final = 0.005
@@ -125,7 +127,7 @@ def pool_queue(calls: Sequence[Call]) -> Finding | None:
     hosts = _by_host(attempts).values()
     wanted = max(_peak([_span(a) for a in same_host]) for same_host in hosts)
     in_use = max(_peak([_span(a, skip_queue=True) for a in same_host]) for same_host in hosts)
-    evidence = Evidence.of("http.queue", waits, share, len(attempts))
+    evidence = Evidence.of(semconv.PHASE_SPAN_NAMES[QUEUE], waits, share, len(attempts))
     return Finding(
         rule="pool-queue",
         cause=f"{len(waits)} requests waited for a free connection: {wanted} were in flight at "
@@ -143,7 +145,9 @@ def slow_dns(calls: Sequence[Call]) -> Finding | None:
     lookups = [d for a in attempts if (d := a.phase("dns")) is not None]
     if not lookups or percentile(lookups, 50) < SLOW_DNS:
         return None
-    evidence = Evidence.of("http.dns", lookups, sum(lookups) / _total(attempts), len(attempts))
+    evidence = Evidence.of(
+        semconv.PHASE_SPAN_NAMES[DNS], lookups, sum(lookups) / _total(attempts), len(attempts)
+    )
     return Finding(
         rule="slow-dns",
         cause=f"resolving the host's name took {duration(evidence.p50)} at p50",
@@ -298,7 +302,9 @@ def not_streamed(calls: Sequence[Call]) -> Finding | None:
         return None
     if sum(waits) < NOT_STREAMED_MIN_SHARE * _total(attempts):
         return None
-    evidence = Evidence.of("http.wait", waits, sum(waits) / _total(_attempts(calls)), len(attempts))
+    evidence = Evidence.of(
+        semconv.PHASE_SPAN_NAMES[WAIT], waits, sum(waits) / _total(_attempts(calls)), len(attempts)
+    )
     streams = [
         a.time_to_first_chunk
         for a in _attempts(calls)

@@ -1,0 +1,36 @@
+"""Typed reads of a span's attributes: each asserts the attribute is there with the type the
+test expects, so a test reads ``int_attr(span, "llm_latency.stream.events") == 3`` instead of
+checking ``span.attributes`` for ``None`` and narrowing a union of attribute value types."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+
+def attributes(span: ReadableSpan) -> Mapping[str, object]:
+    """The span's attributes (an SDK span's are a mapping, empty when it has none)."""
+    assert span.attributes is not None, span.name
+    return span.attributes
+
+
+def str_attr(span: ReadableSpan, name: str) -> str:
+    """The string attribute ``name`` of ``span``."""
+    value = attributes(span)[name]
+    assert isinstance(value, str), (span.name, name, value)
+    return value
+
+
+def int_attr(span: ReadableSpan, name: str) -> int:
+    """The integer attribute ``name`` of ``span`` (a bool is not one)."""
+    value = attributes(span)[name]
+    assert isinstance(value, int) and not isinstance(value, bool), (span.name, name, value)
+    return value
+
+
+def float_attr(span: ReadableSpan, name: str) -> float:
+    """The numeric attribute ``name`` of ``span`` (seconds, mostly), as a float."""
+    value = attributes(span)[name]
+    assert isinstance(value, int | float) and not isinstance(value, bool), (span.name, name, value)
+    return float(value)
