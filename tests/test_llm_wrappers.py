@@ -25,6 +25,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
+from pydantic import SecretStr
 
 import llm_latency
 from llm_latency.diagnosis.records import calls_from_spans, from_readable_spans
@@ -277,7 +278,7 @@ async def test_litellm_retries_exhausted_fail_the_call(
             server.state.rate_limit_next = 0
 
     outcome = await compare(telemetry, scenario)
-    assert outcome.kind is litellm.RateLimitError
+    assert outcome.kind is litellm.exceptions.RateLimitError
     parent = the_litellm_span(telemetry, False)
     assert parent.status.status_code is StatusCode.ERROR
     assert attributes(parent)["error.type"] == "RateLimitError"
@@ -338,7 +339,7 @@ async def test_litellm_ollama_stream(telemetry: Telemetry, server: RunningServer
 
 
 def chat_model(server: RunningServer, **extra: Any) -> ChatOpenAI:
-    return ChatOpenAI(base_url=server.url("/v1"), api_key="sk-langchain", model="gpt-test",
+    return ChatOpenAI(base_url=server.url("/v1"), api_key=SecretStr("sk-langchain"), model="gpt-test",
                       **extra)  # fmt: skip
 
 
