@@ -5,6 +5,7 @@ instrumentations in either order."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import logging
 import os
@@ -32,7 +33,7 @@ from llm_latency.adapters import aiohttp as aiohttp_adapter
 from llm_latency.adapters._patching import PatchSet
 from llm_latency.adapters._resolver import resolver_hooks
 from llm_latency.emitter import Emitter
-from llm_latency.instrumentor import LLMLatencyInstrumentor, Target
+from llm_latency.instrumentor import SDKS, LLMLatencyInstrumentor, Target
 from llm_latency.sse import SSECounter
 from llm_latency.timeline import Timeline
 from tests.conftest import Telemetry
@@ -267,10 +268,13 @@ def patches_of(adapter: object) -> PatchSet:
 
 
 def test_docs_list_every_hook() -> None:
-    # Each SDK's hooks go in when it is imported: litellm, which no other test here imports,
-    # is imported for them (from the price list it ships, not one fetched).
+    # Each SDK's hooks go in when it is imported: every one is imported here (litellm from the
+    # price list it ships, not one fetched), whatever other tests this worker ran.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm  # noqa: F401
+    for target in SDKS.values():
+        module = target.trigger()
+        assert module is not None, f"{target.distribution} is not installed"
+        importlib.import_module(module)
 
     documented = set()
     for line in (Path(__file__).parents[1] / "docs" / "patching.md").read_text().splitlines():
