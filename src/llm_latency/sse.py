@@ -37,14 +37,17 @@ class SSECounter:
         if (
             size > 2
             and data[0] not in _TERMINATORS
-            and data.find(b"\n\n") == size - 2
+            and data.endswith(b"\n\n")
             and data.find(b"\r") < 0
+            and data.find(b"\n\n\n") < 0
         ):
-            # The common case of LLM streams: one event's content, then a single blank line
-            # ("\n\n", and no other terminator run holds one). The run carried before it is
-            # complete; this one is carried until content follows.
+            # The common case of LLM streams: whole events, each ending in a blank line that is
+            # exactly "\n\n". Every "\n\n" ends one; the run carried before the chunk is
+            # complete, and the chunk's last one is carried until content follows.
+            completed = data.count(b"\n\n") - 1
             if tail and self._had_content and tail not in _SINGLE_TERMINATORS:
-                self._counted += 1
+                completed += 1
+            self._counted += completed
             self._tail = b"\n\n"
             self._had_content = True
             return
