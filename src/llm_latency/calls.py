@@ -42,7 +42,9 @@ class LogicalCall:
         "span",
     )
 
-    def __init__(self, span: Any = None, *, own_backoffs: bool = False) -> None:
+    def __init__(
+        self, span: Any = None, *, own_backoffs: bool = False, numbers_attempts: bool = False
+    ) -> None:
         #: The logical parent span llm-latency opened (None when the program's or a GenAI
         #: span is the parent, or when the call only groups attempts).
         self.span = span
@@ -50,7 +52,7 @@ class LogicalCall:
         self.own_backoffs = own_backoffs
         #: True when the attempts carry their number in the call as their resend count (an
         #: SDK call, whose SDK may send no retry-count header of its own).
-        self.numbers_attempts = False
+        self.numbers_attempts = numbers_attempts
         #: Attempts started so far.
         self.attempts = 0
         #: The host of the latest attempt that ended.

@@ -219,19 +219,25 @@ class Emitter:
         )
 
     def open_call(
-        self, name: str, attributes: dict[str, Any], *, own_backoffs: bool = False
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        *,
+        own_backoffs: bool = False,
+        numbers_attempts: bool = False,
     ) -> LogicalCall:
         """A logical call with its own parent span, unless a GenAI span is already current:
         then that span is the parent, and none is added. ``own_backoffs``: the caller (the
-        retry helper) emits the backoff spans itself."""
+        retry helper) emits the backoff spans itself; ``numbers_attempts``: the attempts'
+        resend counts are their numbers in the call (an SDK that sends no retry count)."""
         if self._follows_global or self._setup_pending:
             # The set-up at the first request happens here when a call opens first, or the
             # first call's span would go to the API's no-op tracer.
             self._settle_tracer()
-        if under_genai_span():
-            return LogicalCall(own_backoffs=own_backoffs)
-        span = self._tracer.start_span(name, kind=_INTERNAL, attributes=attributes)
-        return LogicalCall(span, own_backoffs=own_backoffs)
+        span = None
+        if not under_genai_span():
+            span = self._tracer.start_span(name, kind=_INTERNAL, attributes=attributes)
+        return LogicalCall(span, own_backoffs=own_backoffs, numbers_attempts=numbers_attempts)
 
     def enter_call(self, call: LogicalCall) -> Token[Context] | None:
         """Make ``call``'s span (if it has one) the current span, for its attempts and the

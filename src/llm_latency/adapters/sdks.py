@@ -253,8 +253,7 @@ class SdkAdapter:
 
     def open(self, name: str) -> _State:
         """Open the call named ``name`` and make it current; :meth:`close` ends it."""
-        call = self._emitter.open_call(name, {semconv.SDK: self.name})
-        call.numbers_attempts = True
+        call = self._emitter.open_call(name, {semconv.SDK: self.name}, numbers_attempts=True)
         return call, current_call.set(call), _inside.set(self.name), self._emitter.enter_call(call)
 
     def close(self, state: _State, error: BaseException | None) -> None:
