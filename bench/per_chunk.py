@@ -1,0 +1,179 @@
+"""What llm-latency adds per streamed body chunk, measured on the chunk paths themselves.
+
+``bench/overhead.py`` gets the cost per chunk as the difference between a streamed and a JSON
+request, divided by the chunks: a difference of two noisy medians on a shared machine, which
+can even come out negative. This measures the per-chunk paths directly, side by side in one
+process, on a typical OpenAI stream chunk (one SSE event of about 120 bytes), rounds in
+rotating order, medians:
+
+- httpx and httpx2: the response stream llm-latency wraps (``_SyncStream``) iterated, against
+  the same chunks iterated bare;
+- aiohttp: ``StreamReader.feed_data`` with llm-latency's hook and the stream watched, against
+  the same call un-hooked;
+- the parts: ``Timeline.chunk`` alone, and SSE counting alone.
+
+    python bench/per_chunk.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+CHUNK = (
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,'
+    b'"delta":{"content":"Hello"}}]}\n\n'
+)
+
+
+def per_call(run: Callable[[int], None], n: int) -> float:
+    """Nanoseconds per item of ``run(n)``."""
+    started = time.perf_counter_ns()
+    run(n)
+    return (time.perf_counter_ns() - started) / n
+
+
+def httpcore_paths() -> dict[str, Callable[[int], None]]:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from llm_latency.adapters.httpcore import _SyncStream
+    from llm_latency.emitter import Emitter
+    from llm_latency.sse import SSECounter
+    from llm_latency.timeline import Timeline
+
+    emitter = Emitter(TracerProvider().get_tracer("bench"), _meter(), capture_headers=())
+
+    def bare(n: int) -> None:
+        for _ in [CHUNK] * n:
+            pass
+
+    def wrapped(n: int) -> None:
+        attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
+        attempt.stream = SSECounter()
+        for _ in _SyncStream([CHUNK] * n, attempt, emitter):
+            pass
+
+    return {"httpx/httpx2 bare": bare, "httpx/httpx2 llm-latency": wrapped}
+
+
+def aiohttp_paths() -> dict[str, Callable[[int], None]]:
+    import aiohttp.streams
+
+    from llm_latency.adapters import aiohttp as adapter
+    from llm_latency.sse import SSECounter
+    from llm_latency.timeline import Timeline
+
+    loop = asyncio.new_event_loop()
+
+    class Protocol:
+        _reading_paused = False
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+    def reader() -> Any:
+        return aiohttp.streams.StreamReader(Protocol(), 2**40, loop=loop)  # type: ignore[arg-type]
+
+    def feed(stream: Any, n: int) -> None:
+        feed_data = stream.feed_data
+        for _ in range(n):
+            feed_data(CHUNK)
+
+    def bare(n: int) -> None:
+        # The method as aiohttp defines it, whether or not llm-latency's hook is on the class.
+        stream = reader()
+        feed_data = getattr(type(stream).feed_data, "__wrapped__", type(stream).feed_data)
+        for _ in range(n):
+            feed_data(stream, CHUNK)
+
+    def watched(n: int) -> None:
+        stream = reader()
+        attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
+        attempt.stream = SSECounter()
+        adapter._streams[stream] = attempt
+        try:
+            feed(stream, n)
+        finally:
+            adapter._streams.pop(stream, None)
+
+    return {"aiohttp bare": bare, "aiohttp llm-latency": watched}
+
+
+def part_paths() -> dict[str, Callable[[int], None]]:
+    from llm_latency.sse import SSECounter
+    from llm_latency.timeline import Timeline
+
+    def timeline(n: int) -> None:
+        chunk = Timeline("POST", "http://x").chunk
+        for _ in range(n):
+            chunk(CHUNK)
+
+    def sse(n: int) -> None:
+        feed = SSECounter().feed
+        for _ in range(n):
+            feed(CHUNK)
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            pass
+
+    return {"loop alone": loop, "Timeline.chunk": timeline, "SSE counting": sse}
+
+
+def _meter() -> Any:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    return MeterProvider().get_meter("bench")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--chunks", type=int, default=200_000)
+    args = parser.parse_args()
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import llm_latency
+
+    paths = {**httpcore_paths(), **part_paths()}
+    # The aiohttp hook is llm-latency's own, installed as in a program (instrument()).
+    llm_latency.instrument(
+        tracer_provider=TracerProvider(),
+        meter_provider=MeterProvider(),
+        clients=["aiohttp"],
+        configure=False,
+    )
+    paths.update(aiohttp_paths())
+
+    results: dict[str, list[float]] = {name: [] for name in paths}
+    names = list(paths)
+    for round_ in range(args.rounds):
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            results[name].append(per_call(paths[name], args.chunks))
+    median = {name: statistics.median(values) / 1000 for name, values in results.items()}
+    print(f"{args.chunks} chunks of {len(CHUNK)} bytes x {args.rounds} rounds, medians")
+    print("| path | µs per chunk | added by llm-latency |")
+    print("|---|---:|---:|")
+    pairs = {
+        "httpx/httpx2 llm-latency": "httpx/httpx2 bare",
+        "aiohttp llm-latency": "aiohttp bare",
+        "Timeline.chunk": "loop alone",
+        "SSE counting": "loop alone",
+    }
+    for name in names:
+        base = pairs.get(name)
+        added = f"{median[name] - median[base]:.2f}" if base else "-"
+        print(f"| {name} | {median[name]:.2f} | {added} |")
+
+
+if __name__ == "__main__":
+    main()
