@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import itertools
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ import openai
 import pytest
 import requests
 import urllib3
+from dirty_equals import IsFloat
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
@@ -30,6 +32,7 @@ from tests.checks import SLACK
 from tests.conftest import Telemetry, seconds
 from tests.provider_api import ProviderServer, provider_server
 from tests.servers import LLMServer
+from tests.span_tree import phase_nodes, span_tree
 
 _scenarios = itertools.count()
 
@@ -57,11 +60,21 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes)
 
 
+def assert_one_after_another(telemetry: Telemetry, parent: str) -> list[ReadableSpan]:
+    """The children of the span named ``parent`` do not overlap: each wait lies between the
+    attempt before it and the one after it. Returns the waits."""
+    spans = children(telemetry, by_name(telemetry, parent))
+    for before, after in itertools.pairwise(spans):
+        assert (before.end_time or 0) <= (after.start_time or 0), (before.name, after.name)
+    return [s for s in spans if s.name == "retry.backoff"]
+
+
 def assert_attempts_and_waits(
     telemetry: Telemetry, parent: ReadableSpan, reasons: list[str]
 ) -> list[ReadableSpan]:
     """Under ``parent``: attempt, wait, attempt, ... with resend counts 0, 1, ... and each wait
-    between the attempt before it and the one after it. Returns the waits."""
+    between the attempt before it and the one after it. Returns the waits. (For the SDKs whose
+    tests check the shape only; the tests here state the whole tree.)"""
     spans = children(telemetry, parent)
     kinds = ["attempt" if s.kind is SpanKind.CLIENT else s.name for s in spans]
     expected = ["attempt"] + ["retry.backoff", "attempt"] * len(reasons)
@@ -75,6 +88,57 @@ def assert_attempts_and_waits(
         assert (wait.end_time or 0) <= (after.start_time or 0)
     assert [attrs(w)["llm_latency.backoff.reason"] for w in waits] == reasons
     return waits
+
+
+# Attribute groups of the expected trees, by what they come from.
+
+PATH = "/v1/chat/completions"
+
+
+def request_to(method: str, url: str) -> dict[str, Any]:
+    """An attempt's attributes that come from its request to the test server's ``url``."""
+    return {
+        "http.request.method": method,
+        "server.address": "127.0.0.1",
+        "server.port": "PORT",
+        "url.full": re.sub(r":\d+/", ":PORT/", url, count=1),
+        "url.template": PATH,
+    }
+
+
+#: What the test server's successful answer adds to its attempt: its headers, and what they tell.
+SERVED = {
+    "http.response.header.openai-processing-ms": ["0"],
+    "http.response.header.x-ratelimit-remaining-requests": ["42"],
+    "http.response.header.x-ratelimit-remaining-tokens": ["9000"],
+    "http.response.header.x-request-id": ["req_test_123"],
+    "llm_latency.network_overhead": IsFloat(ge=0),
+    "llm_latency.server.processing_time": 0.0,
+}
+#: What the provider's 429 adds to its attempt.
+PROVIDER_429 = {
+    "http.response.header.request-id": ["req_429"],
+    "http.response.header.retry-after": ["1"],
+    "http.response.header.retry-after-ms": ["150"],
+    "http.response.header.x-request-id": ["req_429"],
+    "http.response.header.x-should-retry": ["true"],
+}
+#: What the provider's chat completion adds to its attempt.
+PROVIDER_SERVED = {
+    "http.response.header.openai-model": ["gpt-test"],
+    "http.response.header.openai-processing-ms": ["50"],
+    "http.response.header.x-ratelimit-limit-requests": ["100"],
+    "http.response.header.x-ratelimit-remaining-requests": ["99"],
+    "http.response.header.x-ratelimit-remaining-tokens": ["5000"],
+    "http.response.header.x-ratelimit-reset-requests": ["600ms"],
+    "http.response.header.x-request-id": ["req_openai_1"],
+    "llm_latency.network_overhead": IsFloat(ge=0),
+    "llm_latency.server.processing_time": 0.05,
+}
+#: An attempt made on an event loop carries the loop's lag.
+LAG = {"llm_latency.event_loop.lag": IsFloat(ge=0)}
+NEW_CONNECTION = phase_nodes("connect", "send", "wait", "receive")
+REUSED = phase_nodes("send", "wait", "receive")
 
 
 # -- the helper, with each client ----------------------------------------------------------------
@@ -93,12 +157,78 @@ async def test_helper_with_aiohttp_honours_retry_after(
     async with aiohttp.ClientSession() as session:
         body = await complete(session)
     assert "choices" in body
-    parent = by_name(telemetry, complete.__qualname__)
-    waits = assert_attempts_and_waits(telemetry, parent, ["429", "429"])
-    for wait in waits:
-        assert attrs(wait)["llm_latency.backoff.retry_after"] == pytest.approx(0.2)
+    # Under the helper's span: attempt, wait, attempt, wait, attempt; each wait as long as the
+    # server asked (retry-after-ms), and its reason the status that caused it.
+    limited = {"error.type": "429", "http.response.header.retry-after-ms": ["200"]}
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": complete.__qualname__,
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 3},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("POST", url),
+                        **limited,
+                        **LAG,
+                        "http.response.status_code": 429,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.2,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("POST", url),
+                        **limited,
+                        **LAG,
+                        "http.request.resend_count": 1,
+                        "http.response.status_code": 429,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.2,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("POST", url),
+                        **SERVED,
+                        **LAG,
+                        "http.request.resend_count": 2,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
+    for wait in assert_one_after_another(telemetry, complete.__qualname__):
         assert 0.2 - 0.005 <= seconds(wait) <= 0.2 + SLACK
-    assert parent.status.status_code is StatusCode.UNSET
+    assert by_name(telemetry, complete.__qualname__).status.status_code is StatusCode.UNSET
     (retried,) = telemetry.metric_points("llm_latency.retries")
     assert retried.value == 2
     assert dict(retried.attributes) == {
@@ -120,10 +250,67 @@ async def test_helper_with_httpx2_draws_jittered_waits(
 
     async with httpx2.AsyncClient() as client:
         assert await complete(client) == 200
-    parent = by_name(telemetry, complete.__qualname__)
-    waits = assert_attempts_and_waits(telemetry, parent, ["503", "503"])
-    for wait in waits:
-        assert "llm_latency.backoff.retry_after" not in attrs(wait)
+    # The server named no wait: the backoff spans carry only their reason.
+    unavailable = {"error.type": "503", "http.response.status_code": 503}
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": complete.__qualname__,
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 3},
+            "children": [
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **unavailable,
+                        **LAG,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {"llm_latency.backoff.reason": "503"},
+                },
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **unavailable,
+                        **LAG,
+                        "http.request.resend_count": 1,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {"llm_latency.backoff.reason": "503"},
+                },
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **SERVED,
+                        **LAG,
+                        "http.request.resend_count": 2,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
+    for wait in assert_one_after_another(telemetry, complete.__qualname__):
         assert seconds(wait) <= 0.08 + SLACK
 
 
@@ -137,11 +324,60 @@ async def test_helper_with_requests_retries_a_reset_connection(
         return requests.get(url, timeout=5).status_code
 
     assert await asyncio.to_thread(complete) == 200
-    parent = by_name(telemetry, complete.__qualname__)
-    assert_attempts_and_waits(telemetry, parent, ["ConnectionError"])
-    failed = children(telemetry, parent)[0]
+    # The first attempt failed waiting for the answer (the server closed the connection), so
+    # the second had to open a new one.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": complete.__qualname__,
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 2},
+            "children": [
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        "error.type": "RemoteDisconnected",
+                        "llm_latency.connection.reused": False,
+                        "llm_latency.failed_phase": "wait",
+                    },
+                    "children": [
+                        *phase_nodes("connect", "send"),
+                        {
+                            "name": "http.wait",
+                            "kind": "INTERNAL",
+                            "attributes": {
+                                "error.type": "RemoteDisconnected",
+                                "llm_latency.phase": "wait",
+                                "server.address": "127.0.0.1",
+                            },
+                        },
+                    ],
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {"llm_latency.backoff.reason": "ConnectionError"},
+                },
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **SERVED,
+                        "http.request.resend_count": 1,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+            ],
+        }
+    ]
+    assert_one_after_another(telemetry, complete.__qualname__)
+    failed = min(telemetry.requests(), key=lambda s: s.start_time or 0)
     assert failed.status.status_code is StatusCode.ERROR
-    assert attrs(failed)["llm_latency.failed_phase"] == "wait"
 
 
 async def test_non_retryable_error_raised_at_once(telemetry: Telemetry, server: LLMServer) -> None:
@@ -159,9 +395,31 @@ async def test_non_retryable_error_raised_at_once(telemetry: Telemetry, server: 
             await complete(session)
     assert raised.value.status == 400
     assert calls == 1
-    parent = by_name(telemetry, complete.__qualname__)
-    assert [s.name for s in children(telemetry, parent)] == ["GET /v1/chat/completions"]
-    assert parent.status.status_code is StatusCode.ERROR
+    # One attempt and no wait: a 400 is not worth another try.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": complete.__qualname__,
+            "kind": "INTERNAL",
+            "attributes": {"error.type": "ClientResponseError", "llm_latency.attempts": 1},
+            "children": [
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", server.url(status=400)),
+                        **SERVED,
+                        **LAG,
+                        "error.type": "400",
+                        "http.response.status_code": 400,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                }
+            ],
+        }
+    ]
+    assert by_name(telemetry, complete.__qualname__).status.status_code is StatusCode.ERROR
 
 
 async def test_last_exception_reraised_unchanged(telemetry: Telemetry) -> None:
@@ -177,8 +435,21 @@ async def test_last_exception_reraised_unchanged(telemetry: Telemetry) -> None:
         flaky()
     assert len(raised) == 3
     assert caught.value is raised[-1]
-    waits = [s for s in telemetry.spans() if s.name == "retry.backoff"]
-    assert [attrs(w)["llm_latency.backoff.reason"] for w in waits] == ["ConnectionResetError"] * 2
+    # No HTTP attempt was made (the function raised before any), so none is counted; the two
+    # waits between its three calls are.
+    wait = {
+        "name": "retry.backoff",
+        "kind": "INTERNAL",
+        "attributes": {"llm_latency.backoff.reason": "ConnectionResetError"},
+    }
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": flaky.__qualname__,
+            "kind": "INTERNAL",
+            "attributes": {"error.type": "ConnectionResetError", "llm_latency.attempts": 0},
+            "children": [wait, wait],
+        }
+    ]
 
 
 async def test_deadline_gives_up_instead_of_waiting(
@@ -195,8 +466,30 @@ async def test_deadline_gives_up_instead_of_waiting(
         with pytest.raises(httpx2.HTTPStatusError):
             await complete(client)
     assert time.monotonic() - started < 1.0  # it did not sleep the 5 s the server asked for
-    assert len(telemetry.requests()) == 1
-    assert [s for s in telemetry.spans() if s.name == "retry.backoff"] == []
+    # One attempt, and no wait: the one asked for would have passed the deadline.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": complete.__qualname__,
+            "kind": "INTERNAL",
+            "attributes": {"error.type": "HTTPStatusError", "llm_latency.attempts": 1},
+            "children": [
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **LAG,
+                        "error.type": "429",
+                        "http.response.header.retry-after-ms": ["5000"],
+                        "http.response.status_code": 429,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                }
+            ],
+        }
+    ]
 
 
 async def test_cancellation_during_a_wait(telemetry: Telemetry, server: LLMServer) -> None:
@@ -213,6 +506,38 @@ async def test_cancellation_during_a_wait(telemetry: Telemetry, server: LLMServe
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+    # The wait the server asked for was under way when the call was cancelled.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": complete.__qualname__,
+            "kind": "INTERNAL",
+            "attributes": {"error.type": "CancelledError", "llm_latency.attempts": 1},
+            "children": [
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **LAG,
+                        "error.type": "429",
+                        "http.response.header.retry-after-ms": ["2000"],
+                        "http.response.status_code": 429,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 2.0,
+                    },
+                },
+            ],
+        }
+    ]
     wait = by_name(telemetry, "retry.backoff")
     assert wait.status.status_code is StatusCode.ERROR
     assert seconds(wait) < 1.0  # ended at the cancellation, not after the 2 s
@@ -269,12 +594,74 @@ async def test_openai_retries_grouped_under_one_parent(
         )
 
     await (call() if is_async else asyncio.to_thread(call))
-    parent = by_name(telemetry, "openai POST /chat/completions")
-    assert parent.parent is None  # the program had no span: llm-latency opened this one
-    assert attrs(parent)["llm_latency.attempts"] == 3
-    waits = assert_attempts_and_waits(telemetry, parent, ["429", "429"])
-    for wait in waits:
-        assert attrs(wait)["llm_latency.backoff.retry_after"] == pytest.approx(0.15)
+    # The program had no span: llm-latency opened the SDK call's, with every attempt and wait
+    # under it.
+    lag = LAG if is_async else {}
+    openai_at = {**request_to("POST", f"{provider.openai_base}/chat/completions"), **lag}
+    limited = {**PROVIDER_429, "error.type": "429", "http.response.status_code": 429}
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "openai POST /chat/completions",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "openai"},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **limited,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.15,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **limited,
+                        "http.request.resend_count": 1,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.15,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **PROVIDER_SERVED,
+                        "http.request.resend_count": 2,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
+    assert by_name(telemetry, "openai POST /chat/completions").parent is None
+    for wait in assert_one_after_another(telemetry, "openai POST /chat/completions"):
         assert seconds(wait) >= 0.15 - 0.005
 
 
@@ -291,11 +678,55 @@ async def test_genai_span_is_the_parent_when_present(
             messages=[{"role": "user", "content": "hi"}],
             extra_headers={"x-test-scenario": "genai", "x-test-fail": "1"},
         )
-    assert [s.name for s in telemetry.spans() if s.name.startswith("openai ")] == []
+    # No span of llm-latency's own: the attempts and the wait are under the GenAI span.
+    openai_at = {**request_to("POST", f"{provider.openai_base}/chat/completions"), **LAG}
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "chat gpt-test",
+            "kind": "INTERNAL",
+            "attributes": {"gen_ai.operation.name": "chat"},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **PROVIDER_429,
+                        "error.type": "429",
+                        "http.response.status_code": 429,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.15,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **PROVIDER_SERVED,
+                        "http.request.resend_count": 1,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
     parent = by_name(telemetry, "chat gpt-test")
     assert parent.context is not None
     assert parent.context.span_id == genai.get_span_context().span_id
-    assert_attempts_and_waits(telemetry, parent, ["429"])
+    assert_one_after_another(telemetry, "chat gpt-test")
 
 
 async def test_urllib3_retries_have_backoff_spans(telemetry: Telemetry, server: LLMServer) -> None:
@@ -310,7 +741,64 @@ async def test_urllib3_retries_have_backoff_spans(telemetry: Telemetry, server: 
     tracer = telemetry.tracer_provider.get_tracer("program")
     with tracer.start_as_current_span("program") as program:
         assert await asyncio.to_thread(lambda: _in_context(program, work)) == 200
-    assert_attempts_and_waits(telemetry, by_name(telemetry, "program"), ["503", "503"])
+    # urllib3 retries inside one urlopen: its attempts and waits are under the program's span.
+    unavailable = {"error.type": "503", "http.response.status_code": 503}
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "program",
+            "kind": "INTERNAL",
+            "attributes": {},
+            "children": [
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **unavailable,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {"llm_latency.backoff.reason": "503"},
+                },
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **unavailable,
+                        "http.request.resend_count": 1,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {"llm_latency.backoff.reason": "503"},
+                },
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **SERVED,
+                        "http.request.resend_count": 2,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
+    assert_one_after_another(telemetry, "program")
 
 
 def _in_context(span: Any, work: Any) -> Any:
@@ -388,6 +876,29 @@ async def test_no_backoff_after_a_redirect(telemetry: Telemetry, server: LLMServ
         return int(pool.urlopen("GET", "/redirect", redirect=True).status)
 
     assert await asyncio.to_thread(work) == 200
-    assert len(telemetry.requests()) == 2
-    assert [s for s in telemetry.spans() if s.name == "retry.backoff"] == []
+    # Two attempts, the second a resend on the same connection, and no wait between them.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "GET",
+            "kind": "CLIENT",
+            "attributes": {
+                "http.request.method": "GET",
+                "llm_latency.connection.reused": False,
+                "server.address": "127.0.0.1",
+                "server.port": "PORT",
+                "url.full": "http://127.0.0.1:PORT/redirect",
+            },
+            "children": NEW_CONNECTION,
+        },
+        {
+            "name": "GET /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("GET", server.url()),
+                "http.request.resend_count": 1,
+                "llm_latency.connection.reused": True,
+            },
+            "children": REUSED,
+        },
+    ]
     assert telemetry.metric_points("llm_latency.retries") == []
