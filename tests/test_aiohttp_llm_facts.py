@@ -3,16 +3,42 @@ network overhead, route templates, stream statistics, and the metrics recorded w
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import aiohttp
 import pytest
+from dirty_equals import IsFloat
 
 from tests.attributes import float_attr
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
+from tests.span_tree import phase_nodes, span_tree
 
 SLACK = 0.3
+
+
+def request_to(method: str, url: str) -> dict[str, Any]:
+    """A request span's attributes that come from its request to the test server's ``url``, on
+    a new connection from the event loop."""
+    return {
+        "http.request.method": method,
+        "llm_latency.connection.reused": False,
+        "llm_latency.event_loop.lag": IsFloat(ge=0),
+        "network.protocol.version": "1.1",
+        "server.address": "127.0.0.1",
+        "server.port": "PORT",
+        "url.full": re.sub(r":\d+/", ":PORT/", url, count=1),
+    }
+
+
+#: The headers the test server sends with every answer (captured by default).
+SERVER_HEADERS = {
+    "http.response.header.x-ratelimit-remaining-requests": ["42"],
+    "http.response.header.x-ratelimit-remaining-tokens": ["9000"],
+    "http.response.header.x-request-id": ["req_test_123"],
+}
+NEW_CONNECTION = phase_nodes("connect", "send", "wait", "receive")
 
 
 async def test_streamed_completion_facts(telemetry: Telemetry, server: LLMServer) -> None:
@@ -21,14 +47,28 @@ async def test_streamed_completion_facts(telemetry: Telemetry, server: LLMServer
         async with session.post(url, json={"stream": True}) as response:
             lines = [line async for line in response.content]
     assert lines[-2] == b"data: [DONE]\n"
+    # The provider's facts from its headers (no set-cookie: only the listed headers are kept),
+    # and the stream's; the measured ones are bounded below.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "POST /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("POST", url),
+                **SERVER_HEADERS,
+                "gen_ai.response.time_to_first_chunk": IsFloat(ge=0),
+                "http.response.header.openai-processing-ms": ["200"],
+                "http.response.status_code": 200,
+                "llm_latency.network_overhead": IsFloat(ge=0),
+                "llm_latency.server.processing_time": 0.2,
+                "llm_latency.stream.events": 6,  # five deltas and [DONE]
+                "llm_latency.stream.max_gap": IsFloat(ge=0),
+                "url.template": "/v1/chat/completions",
+            },
+            "children": NEW_CONNECTION,
+        }
+    ]
     request = telemetry.request()
-    attrs = request.attributes
-    assert attrs is not None
-    assert request.name == "POST /v1/chat/completions"
-    assert attrs["url.template"] == "/v1/chat/completions"
-    assert attrs["http.response.header.x-request-id"] == ("req_test_123",)
-    assert attrs["http.response.header.openai-processing-ms"] == ("200",)
-    assert attrs["llm_latency.server.processing_time"] == pytest.approx(0.2)
     phases = telemetry.phases(request)
     send, wait = phases["send"], phases["wait"]
     assert send.start_time is not None and wait.end_time is not None
@@ -39,10 +79,7 @@ async def test_streamed_completion_facts(telemetry: Telemetry, server: LLMServer
     assert window - 0.2 - lag - 1e-6 <= overhead <= window - 0.2 + 1e-6
     assert 0 <= overhead < SLACK
     assert 0.2 - 0.005 <= float_attr(request, "gen_ai.response.time_to_first_chunk") <= 0.2 + SLACK
-    assert attrs["llm_latency.stream.events"] == 6  # five deltas and [DONE]
     assert 0.1 - 0.005 <= float_attr(request, "llm_latency.stream.max_gap") <= 0.1 + SLACK
-    assert attrs["http.response.header.x-ratelimit-remaining-tokens"] == ("9000",)
-    assert not any("set-cookie" in key for key in attrs)
 
     (ttfc,) = telemetry.metric_points("gen_ai.client.operation.time_to_first_chunk")
     assert ttfc.count == 1
@@ -60,10 +97,23 @@ async def test_non_streamed_response_has_no_stream_facts(
     async with aiohttp.ClientSession() as session:
         async with session.post(server.url(), json={}) as response:
             await response.json()
-    attrs = telemetry.request().attributes
-    assert attrs is not None
-    assert "gen_ai.response.time_to_first_chunk" not in attrs
-    assert "llm_latency.stream.events" not in attrs
+    # No time to first chunk, no stream events or gaps.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "POST /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("POST", server.url()),
+                **SERVER_HEADERS,
+                "http.response.header.openai-processing-ms": ["0"],
+                "http.response.status_code": 200,
+                "llm_latency.network_overhead": IsFloat(ge=0),
+                "llm_latency.server.processing_time": 0.0,
+                "url.template": "/v1/chat/completions",
+            },
+            "children": NEW_CONNECTION,
+        }
+    ]
     assert telemetry.metric_points("gen_ai.client.operation.time_to_first_chunk") == []
 
 
@@ -71,10 +121,18 @@ async def test_unknown_route_is_named_by_method(telemetry: Telemetry, server: LL
     async with aiohttp.ClientSession() as session:
         async with session.get(server.url("/redirect"), allow_redirects=False) as response:
             await response.read()
-    request = telemetry.request()
-    assert request.name == "GET"
-    assert request.attributes is not None
-    assert "url.template" not in request.attributes
+    # No url.template either: the route is not one the plugin knows.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "GET",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("GET", server.url("/redirect")),
+                "http.response.status_code": 302,
+            },
+            "children": NEW_CONNECTION,
+        }
+    ]
 
 
 async def test_rate_limited_response(telemetry: Telemetry, server: LLMServer) -> None:
@@ -83,13 +141,26 @@ async def test_rate_limited_response(telemetry: Telemetry, server: LLMServer) ->
         url = server.url(status=429, **headers)
         async with session.post(url, json={}) as response:
             assert response.status == 429
-    request = telemetry.request()
-    attrs = request.attributes
-    assert attrs is not None
-    assert attrs["error.type"] == "429"
-    assert attrs["http.response.header.retry-after-ms"] == ("1500",)
-    assert attrs["http.response.header.retry-after"] == ("2",)
-    assert "llm_latency.failed_phase" not in attrs
+    # An error by its status, with the wait the server asks for; no phase failed.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "POST /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("POST", url),
+                **SERVER_HEADERS,
+                "error.type": "429",
+                "http.response.header.openai-processing-ms": ["0"],
+                "http.response.header.retry-after": ["2"],
+                "http.response.header.retry-after-ms": ["1500"],
+                "http.response.status_code": 429,
+                "llm_latency.network_overhead": IsFloat(ge=0),
+                "llm_latency.server.processing_time": 0.0,
+                "url.template": "/v1/chat/completions",
+            },
+            "children": NEW_CONNECTION,
+        }
+    ]
     (limited,) = telemetry.metric_points("llm_latency.rate_limited")
     assert limited.value == 1
     (duration,) = telemetry.metric_points("http.client.request.duration")
@@ -111,11 +182,26 @@ async def test_extra_headers_by_argument_and_environment(
         url = server.url(**{"header_x-from-env": "e", "header_x-from-arg": "a"})
         async with session.get(url) as response:
             await response.read()
-    attrs = telemetry.request().attributes
-    assert attrs is not None
-    assert attrs["http.response.header.x-from-env"] == ("e",)
-    assert attrs["http.response.header.x-from-arg"] == ("a",)
-    assert not any("cookie" in key or "authorization" in key for key in attrs)
+    # Both extra headers are kept, and neither set-cookie nor authorization (asked for, but
+    # never captured).
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "GET /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("GET", url),
+                **SERVER_HEADERS,
+                "http.response.header.openai-processing-ms": ["0"],
+                "http.response.header.x-from-arg": ["a"],
+                "http.response.header.x-from-env": ["e"],
+                "http.response.status_code": 200,
+                "llm_latency.network_overhead": IsFloat(ge=0),
+                "llm_latency.server.processing_time": 0.0,
+                "url.template": "/v1/chat/completions",
+            },
+            "children": NEW_CONNECTION,
+        }
+    ]
 
 
 async def test_metrics_per_phase(telemetry: Telemetry, server: LLMServer) -> None:

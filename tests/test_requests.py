@@ -4,18 +4,20 @@ as attempts, failures compared with and without the plugin, secrets."""
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import requests
+from dirty_equals import IsFloat
 from opentelemetry.trace import StatusCode
 from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
 from llm_latency.testing import HandshakeDelay
-from tests.attributes import attributes, float_attr, int_attr
+from tests.attributes import float_attr
 from tests.bad_servers import BlackHole
 from tests.checks import (
     SLACK,
@@ -28,33 +30,75 @@ from tests.checks import (
 )
 from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer, unused_port
+from tests.span_tree import phase_nodes, span_tree
 
 
 async def in_thread(work: Callable[[], Any]) -> Any:
     return await asyncio.to_thread(work)
 
 
+def request_to(method: str, url: str, host: str = "127.0.0.1") -> dict[str, Any]:
+    """A request span's attributes that come from its request to the test server's ``url``."""
+    return {
+        "http.request.method": method,
+        "network.protocol.version": "1.1",
+        "server.address": host,
+        "server.port": "PORT",
+        "url.full": re.sub(r":\d+/", ":PORT/", url, count=1),
+        "url.template": "/v1/chat/completions",
+    }
+
+
+#: What every answer of the test server adds to its request span: its headers (captured by
+#: default), and the network overhead they let the plugin measure.
+SERVED = {
+    "http.response.header.x-ratelimit-remaining-requests": ["42"],
+    "http.response.header.x-ratelimit-remaining-tokens": ["9000"],
+    "http.response.header.x-request-id": ["req_test_123"],
+    "llm_latency.network_overhead": IsFloat(ge=0),
+}
+
+
 async def test_fresh_then_pooled(telemetry: Telemetry, server: LLMServer) -> None:
+    url = server.url(host="localhost", wait=0.3, chunks=4, gap=0.1)
+
     def work() -> None:
         with requests.Session() as session:
-            url = server.url(host="localhost", wait=0.3, chunks=4, gap=0.1)
             assert session.post(url, json={"m": 1}).content.startswith(b"chunk0")
             session.get(server.url(host="localhost"))
 
     await in_thread(work)
-    first, second = telemetry.requests()
-    phases = telemetry.phases(first)
-    assert set(phases) == {"dns", "connect", "send", "wait", "receive"}
-    assert_server_phases(phases, wait=0.3, receive=0.3)
-    assert set(telemetry.phases(second)) == {"send", "wait", "receive"}
-    attrs = first.attributes
-    assert attrs is not None
-    assert first.name == "POST /v1/chat/completions"
-    assert attrs["llm_latency.connection.reused"] is False
-    assert attrs["http.response.header.x-request-id"] == ("req_test_123",)
-    assert attrs["network.protocol.version"] == "1.1"
-    assert second.attributes is not None
-    assert second.attributes["llm_latency.connection.reused"] is True
+    # The first request resolves the name and connects; the second reuses its connection.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "POST /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("POST", url, "localhost"),
+                **SERVED,
+                "http.response.header.openai-processing-ms": ["300"],
+                "http.response.status_code": 200,
+                "llm_latency.connection.reused": False,
+                "llm_latency.server.processing_time": 0.3,
+            },
+            "children": phase_nodes("dns", "connect", "send", "wait", "receive", host="localhost"),
+        },
+        {
+            "name": "GET /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("GET", server.url(host="localhost"), "localhost"),
+                **SERVED,
+                "http.response.header.openai-processing-ms": ["0"],
+                "http.response.status_code": 200,
+                "llm_latency.connection.reused": True,
+                "llm_latency.server.processing_time": 0.0,
+            },
+            "children": phase_nodes("send", "wait", "receive", host="localhost"),
+        },
+    ]
+    first, _ = telemetry.requests()
+    assert_server_phases(telemetry.phases(first), wait=0.3, receive=0.3)
     assert_tiles(telemetry)
     assert "traceparent" in server.requests[0]["headers"]
 
@@ -95,11 +139,26 @@ async def test_streamed_response(telemetry: Telemetry, server: LLMServer) -> Non
 
     lines = await in_thread(work)
     assert b"data: [DONE]" in lines
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "GET /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("GET", server.url(wait=0.2, chunks=5, gap=0.1, sse=1)),
+                **SERVED,
+                "gen_ai.response.time_to_first_chunk": IsFloat(ge=0),
+                "http.response.header.openai-processing-ms": ["200"],
+                "http.response.status_code": 200,
+                "llm_latency.connection.reused": False,
+                "llm_latency.server.processing_time": 0.2,
+                "llm_latency.stream.events": 6,  # five deltas and [DONE]
+                "llm_latency.stream.max_gap": IsFloat(ge=0),
+            },
+            "children": phase_nodes("connect", "send", "wait", "receive"),
+        }
+    ]
     request = telemetry.request()
-    attrs = request.attributes
-    assert attrs is not None
     assert 0.2 - 0.005 <= float_attr(request, "gen_ai.response.time_to_first_chunk") <= 0.2 + SLACK
-    assert attrs["llm_latency.stream.events"] == 6
     assert 0.1 - 0.005 <= float_attr(request, "llm_latency.stream.max_gap") <= 0.1 + SLACK
     assert_server_phases(telemetry.phases(request), wait=0.2, receive=0.4)
 
@@ -126,9 +185,51 @@ async def test_urllib3_retries_are_attempts(telemetry: Telemetry, server: LLMSer
 
     with pytest.raises(requests.exceptions.RetryError):
         await in_thread(work)
-    attempts = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
-    assert [attributes(a).get("http.request.resend_count", 0) for a in attempts] == [0, 1, 2]
-    assert {int_attr(a, "http.response.status_code") for a in attempts} == {503}
+    # Three attempts, numbered, each a 503; urllib3's (zero) waits between them. With no span of
+    # the program's around them, each is a root.
+    unavailable = {
+        **request_to("GET", server.url(status=503)),
+        **SERVED,
+        "error.type": "503",
+        "http.response.header.openai-processing-ms": ["0"],
+        "http.response.status_code": 503,
+        "llm_latency.server.processing_time": 0.0,
+    }
+    wait = {
+        "name": "retry.backoff",
+        "kind": "INTERNAL",
+        "attributes": {"llm_latency.backoff.reason": "503"},
+    }
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "GET /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {**unavailable, "llm_latency.connection.reused": False},
+            "children": phase_nodes("connect", "send", "wait", "receive"),
+        },
+        wait,
+        {
+            "name": "GET /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **unavailable,
+                "http.request.resend_count": 1,
+                "llm_latency.connection.reused": True,
+            },
+            "children": phase_nodes("send", "wait", "receive"),
+        },
+        wait,
+        {
+            "name": "GET /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **unavailable,
+                "http.request.resend_count": 2,
+                "llm_latency.connection.reused": True,
+            },
+            "children": phase_nodes("send", "wait", "receive"),
+        },
+    ]
     telemetry.assert_all_ended_once()
 
 

@@ -1,35 +1,29 @@
 """Retries made visible: every attempt its own span, each wait a ``retry.backoff`` span, all under
-one logical parent; and the ``llm_latency.retry`` helper's behaviour."""
+one logical parent, for the SDKs' own retries and urllib3's. (The ``llm_latency.retry`` helper's
+are in tests/test_retry_helper.py, which shares the attribute groups here.)"""
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import itertools
-import time
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
-import httpx2
 import openai
 import pytest
 import requests
 import urllib3
-from hypothesis import given
-from hypothesis import strategies as st
+from dirty_equals import IsFloat
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanKind
 from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
-import llm_latency
-from llm_latency import headers as hdr
-from llm_latency.retry import backoff_delay, is_transient, retry
-from tests.checks import SLACK
 from tests.conftest import Telemetry, seconds
 from tests.provider_api import ProviderServer, provider_server
 from tests.servers import LLMServer
+from tests.span_tree import phase_nodes, span_tree
 
 _scenarios = itertools.count()
 
@@ -57,11 +51,21 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes)
 
 
+def assert_one_after_another(telemetry: Telemetry, parent: str) -> list[ReadableSpan]:
+    """The children of the span named ``parent`` do not overlap: each wait lies between the
+    attempt before it and the one after it. Returns the waits."""
+    spans = children(telemetry, by_name(telemetry, parent))
+    for before, after in itertools.pairwise(spans):
+        assert (before.end_time or 0) <= (after.start_time or 0), (before.name, after.name)
+    return [s for s in spans if s.name == "retry.backoff"]
+
+
 def assert_attempts_and_waits(
     telemetry: Telemetry, parent: ReadableSpan, reasons: list[str]
 ) -> list[ReadableSpan]:
     """Under ``parent``: attempt, wait, attempt, ... with resend counts 0, 1, ... and each wait
-    between the attempt before it and the one after it. Returns the waits."""
+    between the attempt before it and the one after it. Returns the waits. (For the SDKs whose
+    tests check the shape only; the tests here state the whole tree.)"""
     spans = children(telemetry, parent)
     kinds = ["attempt" if s.kind is SpanKind.CLIENT else s.name for s in spans]
     expected = ["attempt"] + ["retry.backoff", "attempt"] * len(reasons)
@@ -77,173 +81,55 @@ def assert_attempts_and_waits(
     return waits
 
 
-# -- the helper, with each client ----------------------------------------------------------------
+# Attribute groups of the expected trees, by what they come from.
+
+PATH = "/v1/chat/completions"
 
 
-async def test_helper_with_aiohttp_honours_retry_after(
-    telemetry: Telemetry, server: LLMServer
-) -> None:
-    url = scenario(server, fail=2, retry_ms=200)
-
-    @retry(attempts=5, base_delay=0.01)
-    async def complete(session: aiohttp.ClientSession) -> Any:
-        async with session.post(url, json={}, raise_for_status=True) as response:
-            return await response.json()
-
-    async with aiohttp.ClientSession() as session:
-        body = await complete(session)
-    assert "choices" in body
-    parent = by_name(telemetry, complete.__qualname__)
-    waits = assert_attempts_and_waits(telemetry, parent, ["429", "429"])
-    for wait in waits:
-        assert attrs(wait)["llm_latency.backoff.retry_after"] == pytest.approx(0.2)
-        assert 0.2 - 0.005 <= seconds(wait) <= 0.2 + SLACK
-    assert parent.status.status_code is StatusCode.UNSET
-    (retried,) = telemetry.metric_points("llm_latency.retries")
-    assert retried.value == 2
-    assert dict(retried.attributes) == {
+def request_to(method: str, url: str) -> dict[str, Any]:
+    """An attempt's attributes that come from its request to the test server's ``url``."""
+    return {
+        "http.request.method": method,
         "server.address": "127.0.0.1",
-        "http.response.status_code": 429,
+        "server.port": "PORT",
+        "url.full": re.sub(r":\d+/", ":PORT/", url, count=1),
+        "url.template": PATH,
     }
 
 
-async def test_helper_with_httpx2_draws_jittered_waits(
-    telemetry: Telemetry, server: LLMServer
-) -> None:
-    url = scenario(server, fail=2, fail_with="503")
-
-    @retry(attempts=3, base_delay=0.05, max_delay=0.08)
-    async def complete(client: httpx2.AsyncClient) -> int:
-        response = await client.get(url)
-        response.raise_for_status()
-        return response.status_code
-
-    async with httpx2.AsyncClient() as client:
-        assert await complete(client) == 200
-    parent = by_name(telemetry, complete.__qualname__)
-    waits = assert_attempts_and_waits(telemetry, parent, ["503", "503"])
-    for wait in waits:
-        assert "llm_latency.backoff.retry_after" not in attrs(wait)
-        assert seconds(wait) <= 0.08 + SLACK
-
-
-async def test_helper_with_requests_retries_a_reset_connection(
-    telemetry: Telemetry, server: LLMServer
-) -> None:
-    url = scenario(server, fail=1, fail_with="reset")
-
-    @retry(attempts=3, base_delay=0.01)
-    def complete() -> int:
-        return requests.get(url, timeout=5).status_code
-
-    assert await asyncio.to_thread(complete) == 200
-    parent = by_name(telemetry, complete.__qualname__)
-    assert_attempts_and_waits(telemetry, parent, ["ConnectionError"])
-    failed = children(telemetry, parent)[0]
-    assert failed.status.status_code is StatusCode.ERROR
-    assert attrs(failed)["llm_latency.failed_phase"] == "wait"
-
-
-async def test_non_retryable_error_raised_at_once(telemetry: Telemetry, server: LLMServer) -> None:
-    calls = 0
-
-    @retry(attempts=5, base_delay=0.01)
-    async def complete(session: aiohttp.ClientSession) -> None:
-        nonlocal calls
-        calls += 1
-        async with session.get(server.url(status=400), raise_for_status=True):
-            pass
-
-    async with aiohttp.ClientSession() as session:
-        with pytest.raises(aiohttp.ClientResponseError) as raised:
-            await complete(session)
-    assert raised.value.status == 400
-    assert calls == 1
-    parent = by_name(telemetry, complete.__qualname__)
-    assert [s.name for s in children(telemetry, parent)] == ["GET /v1/chat/completions"]
-    assert parent.status.status_code is StatusCode.ERROR
-
-
-async def test_last_exception_reraised_unchanged(telemetry: Telemetry) -> None:
-    raised: list[BaseException] = []
-
-    @retry(attempts=3, base_delay=0.0)
-    def flaky() -> None:
-        error = ConnectionResetError(f"reset {len(raised)}")
-        raised.append(error)
-        raise error
-
-    with pytest.raises(ConnectionResetError) as caught:
-        flaky()
-    assert len(raised) == 3
-    assert caught.value is raised[-1]
-    waits = [s for s in telemetry.spans() if s.name == "retry.backoff"]
-    assert [attrs(w)["llm_latency.backoff.reason"] for w in waits] == ["ConnectionResetError"] * 2
-
-
-async def test_deadline_gives_up_instead_of_waiting(
-    telemetry: Telemetry, server: LLMServer
-) -> None:
-    url = scenario(server, fail=5, retry_ms=5000)
-
-    @retry(attempts=5, base_delay=0.01, deadline=1.0)
-    async def complete(client: httpx2.AsyncClient) -> None:
-        (await client.get(url)).raise_for_status()
-
-    started = time.monotonic()
-    async with httpx2.AsyncClient() as client:
-        with pytest.raises(httpx2.HTTPStatusError):
-            await complete(client)
-    assert time.monotonic() - started < 1.0  # it did not sleep the 5 s the server asked for
-    assert len(telemetry.requests()) == 1
-    assert [s for s in telemetry.spans() if s.name == "retry.backoff"] == []
-
-
-async def test_cancellation_during_a_wait(telemetry: Telemetry, server: LLMServer) -> None:
-    url = scenario(server, fail=5, retry_ms=2000)
-
-    @retry(attempts=5)
-    async def complete(session: aiohttp.ClientSession) -> None:
-        async with session.get(url, raise_for_status=True):
-            pass
-
-    async with aiohttp.ClientSession() as session:
-        task = asyncio.ensure_future(complete(session))
-        await asyncio.sleep(0.3)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-    wait = by_name(telemetry, "retry.backoff")
-    assert wait.status.status_code is StatusCode.ERROR
-    assert seconds(wait) < 1.0  # ended at the cancellation, not after the 2 s
-    parent = by_name(telemetry, complete.__qualname__)
-    assert parent.status.status_code is StatusCode.ERROR
-    telemetry.assert_all_ended_once()
-
-
-def test_invalid_arguments_are_refused() -> None:
-    with pytest.raises(ValueError, match="attempts"):
-        retry(attempts=0)
-    with pytest.raises(ValueError, match="negative"):
-        retry(base_delay=-1)
-    with pytest.raises(ValueError, match="deadline"):
-        retry(deadline=-1)
-
-
-def test_helper_works_uninstrumented() -> None:
-    llm_latency.uninstrument()
-    calls = 0
-
-    @retry(attempts=3, base_delay=0.0)
-    def flaky() -> str:
-        nonlocal calls
-        calls += 1
-        if calls < 3:
-            raise TimeoutError("slow")
-        return "ok"
-
-    assert flaky() == "ok"
-    assert calls == 3
+#: What the test server's successful answer adds to its attempt: its headers, and what they tell.
+SERVED = {
+    "http.response.header.openai-processing-ms": ["0"],
+    "http.response.header.x-ratelimit-remaining-requests": ["42"],
+    "http.response.header.x-ratelimit-remaining-tokens": ["9000"],
+    "http.response.header.x-request-id": ["req_test_123"],
+    "llm_latency.network_overhead": IsFloat(ge=0),
+    "llm_latency.server.processing_time": 0.0,
+}
+#: What the provider's 429 adds to its attempt.
+PROVIDER_429 = {
+    "http.response.header.request-id": ["req_429"],
+    "http.response.header.retry-after": ["1"],
+    "http.response.header.retry-after-ms": ["150"],
+    "http.response.header.x-request-id": ["req_429"],
+    "http.response.header.x-should-retry": ["true"],
+}
+#: What the provider's chat completion adds to its attempt.
+PROVIDER_SERVED = {
+    "http.response.header.openai-model": ["gpt-test"],
+    "http.response.header.openai-processing-ms": ["50"],
+    "http.response.header.x-ratelimit-limit-requests": ["100"],
+    "http.response.header.x-ratelimit-remaining-requests": ["99"],
+    "http.response.header.x-ratelimit-remaining-tokens": ["5000"],
+    "http.response.header.x-ratelimit-reset-requests": ["600ms"],
+    "http.response.header.x-request-id": ["req_openai_1"],
+    "llm_latency.network_overhead": IsFloat(ge=0),
+    "llm_latency.server.processing_time": 0.05,
+}
+#: An attempt made on an event loop carries the loop's lag.
+LAG = {"llm_latency.event_loop.lag": IsFloat(ge=0)}
+NEW_CONNECTION = phase_nodes("connect", "send", "wait", "receive")
+REUSED = phase_nodes("send", "wait", "receive")
 
 
 # -- the SDKs' own retries, and urllib3's ---------------------------------------------------------
@@ -269,12 +155,74 @@ async def test_openai_retries_grouped_under_one_parent(
         )
 
     await (call() if is_async else asyncio.to_thread(call))
-    parent = by_name(telemetry, "openai POST /chat/completions")
-    assert parent.parent is None  # the program had no span: llm-latency opened this one
-    assert attrs(parent)["llm_latency.attempts"] == 3
-    waits = assert_attempts_and_waits(telemetry, parent, ["429", "429"])
-    for wait in waits:
-        assert attrs(wait)["llm_latency.backoff.retry_after"] == pytest.approx(0.15)
+    # The program had no span: llm-latency opened the SDK call's, with every attempt and wait
+    # under it.
+    lag = LAG if is_async else {}
+    openai_at = {**request_to("POST", f"{provider.openai_base}/chat/completions"), **lag}
+    limited = {**PROVIDER_429, "error.type": "429", "http.response.status_code": 429}
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "openai POST /chat/completions",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "openai"},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **limited,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.15,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **limited,
+                        "http.request.resend_count": 1,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.15,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **PROVIDER_SERVED,
+                        "http.request.resend_count": 2,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
+    assert by_name(telemetry, "openai POST /chat/completions").parent is None
+    for wait in assert_one_after_another(telemetry, "openai POST /chat/completions"):
         assert seconds(wait) >= 0.15 - 0.005
 
 
@@ -291,11 +239,55 @@ async def test_genai_span_is_the_parent_when_present(
             messages=[{"role": "user", "content": "hi"}],
             extra_headers={"x-test-scenario": "genai", "x-test-fail": "1"},
         )
-    assert [s.name for s in telemetry.spans() if s.name.startswith("openai ")] == []
+    # No span of llm-latency's own: the attempts and the wait are under the GenAI span.
+    openai_at = {**request_to("POST", f"{provider.openai_base}/chat/completions"), **LAG}
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "chat gpt-test",
+            "kind": "INTERNAL",
+            "attributes": {"gen_ai.operation.name": "chat"},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **PROVIDER_429,
+                        "error.type": "429",
+                        "http.response.status_code": 429,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {
+                        "llm_latency.backoff.reason": "429",
+                        "llm_latency.backoff.retry_after": 0.15,
+                    },
+                },
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **openai_at,
+                        **PROVIDER_SERVED,
+                        "http.request.resend_count": 1,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
     parent = by_name(telemetry, "chat gpt-test")
     assert parent.context is not None
     assert parent.context.span_id == genai.get_span_context().span_id
-    assert_attempts_and_waits(telemetry, parent, ["429"])
+    assert_one_after_another(telemetry, "chat gpt-test")
 
 
 async def test_urllib3_retries_have_backoff_spans(telemetry: Telemetry, server: LLMServer) -> None:
@@ -310,7 +302,64 @@ async def test_urllib3_retries_have_backoff_spans(telemetry: Telemetry, server: 
     tracer = telemetry.tracer_provider.get_tracer("program")
     with tracer.start_as_current_span("program") as program:
         assert await asyncio.to_thread(lambda: _in_context(program, work)) == 200
-    assert_attempts_and_waits(telemetry, by_name(telemetry, "program"), ["503", "503"])
+    # urllib3 retries inside one urlopen: its attempts and waits are under the program's span.
+    unavailable = {"error.type": "503", "http.response.status_code": 503}
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "program",
+            "kind": "INTERNAL",
+            "attributes": {},
+            "children": [
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **unavailable,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {"llm_latency.backoff.reason": "503"},
+                },
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **unavailable,
+                        "http.request.resend_count": 1,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+                {
+                    "name": "retry.backoff",
+                    "kind": "INTERNAL",
+                    "attributes": {"llm_latency.backoff.reason": "503"},
+                },
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", url),
+                        **SERVED,
+                        "http.request.resend_count": 2,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
+    assert_one_after_another(telemetry, "program")
 
 
 def _in_context(span: Any, work: Any) -> Any:
@@ -318,65 +367,6 @@ def _in_context(span: Any, work: Any) -> Any:
 
     with trace.use_span(span, end_on_exit=False):
         return work()
-
-
-# -- the schedule and its inputs --------------------------------------------------------------
-
-
-@given(
-    st.integers(0, 200),
-    st.floats(0, 60, allow_nan=False),
-    st.floats(0, 600, allow_nan=False),
-)
-def test_backoff_schedule(retry_number: int, base: float, cap: float) -> None:
-    delay = backoff_delay(retry_number, base, cap)
-    assert 0.0 <= delay <= min(cap, base * 2.0 ** min(retry_number, 64))
-    assert delay <= cap
-
-
-def test_backoff_is_jittered() -> None:
-    delays = {round(backoff_delay(3, 1.0, 30.0), 6) for _ in range(50)}
-    assert len(delays) > 40
-    assert all(0 <= d <= 8.0 for d in delays)
-
-
-def test_retry_after_parsing() -> None:
-    assert hdr.retry_after("1500", None) == 1.5
-    assert hdr.retry_after(None, "2") == 2.0
-    assert hdr.retry_after("bad", "3") == 3.0
-    assert hdr.retry_after(None, None) is None
-    assert hdr.retry_after(None, "garbage") is None
-    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
-    assert 25 <= (hdr.retry_after(None, soon) or 0) <= 30
-    past = email.utils.formatdate(time.time() - 30, usegmt=True)
-    assert hdr.retry_after(None, past) == 0.0
-
-
-@pytest.mark.parametrize(
-    ("error", "expected"),
-    [
-        (ConnectionResetError(), True),
-        (TimeoutError(), True),
-        (ValueError(), False),
-        (KeyError(), False),
-        (httpx2.ConnectError("x"), True),
-        (httpx2.ReadTimeout("x"), True),
-        (requests.ConnectionError(), True),
-    ],
-)
-def test_transient_errors(error: BaseException, expected: bool) -> None:
-    assert is_transient(error) is expected
-
-
-@pytest.mark.parametrize(("status", "expected"), [
-    (408, True), (409, True), (429, True), (500, True), (503, True), (599, True),
-    (400, False), (401, False), (404, False), (422, False),
-])  # fmt: skip
-def test_transient_statuses(status: int, expected: bool) -> None:
-    request = httpx2.Request("GET", "http://127.0.0.1/")
-    response = httpx2.Response(status, request=request)
-    error = httpx2.HTTPStatusError("status", request=request, response=response)
-    assert is_transient(error) is expected
 
 
 async def test_no_backoff_after_a_redirect(telemetry: Telemetry, server: LLMServer) -> None:
@@ -388,6 +378,29 @@ async def test_no_backoff_after_a_redirect(telemetry: Telemetry, server: LLMServ
         return int(pool.urlopen("GET", "/redirect", redirect=True).status)
 
     assert await asyncio.to_thread(work) == 200
-    assert len(telemetry.requests()) == 2
-    assert [s for s in telemetry.spans() if s.name == "retry.backoff"] == []
+    # Two attempts, the second a resend on the same connection, and no wait between them.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "GET",
+            "kind": "CLIENT",
+            "attributes": {
+                "http.request.method": "GET",
+                "llm_latency.connection.reused": False,
+                "server.address": "127.0.0.1",
+                "server.port": "PORT",
+                "url.full": "http://127.0.0.1:PORT/redirect",
+            },
+            "children": NEW_CONNECTION,
+        },
+        {
+            "name": "GET /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("GET", server.url()),
+                "http.request.resend_count": 1,
+                "llm_latency.connection.reused": True,
+            },
+            "children": REUSED,
+        },
+    ]
     assert telemetry.metric_points("llm_latency.retries") == []

@@ -43,6 +43,66 @@ def attributes(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes)
 
 
+# Attribute groups of the expected trees, by what they come from.
+
+
+def post_to(path: str) -> dict[str, Any]:
+    """An attempt's attributes that come from its request: a POST to the provider's ``path``."""
+    return {
+        "http.request.method": "POST",
+        "network.protocol.version": "1.1",
+        "server.address": "127.0.0.1",
+        "server.port": "PORT",
+        "url.full": f"http://127.0.0.1:PORT{path}",
+        "url.template": path,
+    }
+
+
+#: What the provider's chat completion adds to its attempt: its headers, and what they tell.
+OPENAI_ANSWER = {
+    "http.response.header.openai-model": ["gpt-test"],
+    "http.response.header.openai-processing-ms": ["50"],
+    "http.response.header.x-ratelimit-limit-requests": ["100"],
+    "http.response.header.x-ratelimit-remaining-requests": ["99"],
+    "http.response.header.x-ratelimit-remaining-tokens": ["5000"],
+    "http.response.header.x-ratelimit-reset-requests": ["600ms"],
+    "http.response.header.x-request-id": ["req_openai_1"],
+    "http.response.status_code": 200,
+    "llm_latency.network_overhead": IsFloat(ge=0),
+    "llm_latency.server.processing_time": WAIT,
+}
+#: What the provider's message adds to its attempt (its request id is ``request-id`` only).
+ANTHROPIC_ANSWER = {
+    "http.response.header.anthropic-ratelimit-requests-remaining": ["49"],
+    "http.response.header.request-id": ["req_anthropic_1"],
+    "http.response.header.x-ratelimit-remaining-requests": ["49"],
+    "http.response.status_code": 200,
+}
+#: What the provider's 429 adds to its attempt, for either SDK.
+RATE_LIMITED = {
+    "error.type": "429",
+    "http.response.header.request-id": ["req_429"],
+    "http.response.header.retry-after": ["1"],
+    "http.response.header.retry-after-ms": ["150"],
+    "http.response.header.x-request-id": ["req_429"],
+    "http.response.header.x-should-retry": ["true"],
+    "http.response.status_code": 429,
+}
+#: The wait the SDKs make after the provider's 429.
+BACKOFF = {
+    "name": "retry.backoff",
+    "kind": "INTERNAL",
+    "attributes": {"llm_latency.backoff.reason": "429", "llm_latency.backoff.retry_after": 0.15},
+}
+NEW_CONNECTION = phase_nodes("connect", "send", "wait", "receive")
+REUSED = phase_nodes("send", "wait", "receive")
+
+
+def event_loop_lag(is_async: bool) -> dict[str, Any]:
+    """An attempt made on an event loop carries the loop's lag."""
+    return {"llm_latency.event_loop.lag": IsFloat(ge=0)} if is_async else {}
+
+
 def openai_client(provider: ProviderServer, is_async: bool, **kwargs: Any) -> Any:
     factory = openai.AsyncOpenAI if is_async else openai.OpenAI
     return factory(base_url=provider.openai_base, api_key=OPENAI_KEY, **kwargs)
@@ -62,16 +122,28 @@ async def test_openai_chat_completion(
         is_async, lambda: client.chat.completions.create(model="gpt-test", messages=MESSAGES)
     )
     assert completion.choices[0].message.content == "".join(TOKENS)
-    request = telemetry.request()
-    attrs = attributes(request)
-    assert request.name == "POST /v1/chat/completions"
-    assert attrs["http.response.header.x-request-id"] == ("req_openai_1",)
-    assert attrs["http.response.header.openai-model"] == ("gpt-test",)
-    assert attrs["http.response.header.x-ratelimit-remaining-requests"] == ("99",)
-    assert attrs["llm_latency.server.processing_time"] == pytest.approx(WAIT)
-    assert "http.request.resend_count" not in attrs
-    assert set(telemetry.phases(request)) == {"connect", "send", "wait", "receive"}
-    assert seconds(telemetry.phases(request)["wait"]) >= WAIT - 0.005
+    # One attempt, no resend, with the provider's facts from its headers.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "openai POST /chat/completions",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 1, "llm_latency.sdk": "openai"},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/chat/completions"),
+                        **OPENAI_ANSWER,
+                        **event_loop_lag(is_async),
+                        "llm_latency.connection.reused": False,
+                    },
+                    "children": NEW_CONNECTION,
+                }
+            ],
+        }
+    ]
+    assert seconds(telemetry.phases(telemetry.request())["wait"]) >= WAIT - 0.005
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
@@ -92,9 +164,31 @@ async def test_openai_streamed_completion(
 
     tokens = await call(is_async, consume)
     assert tokens == TOKENS
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "openai POST /chat/completions",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 1, "llm_latency.sdk": "openai"},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/chat/completions"),
+                        **OPENAI_ANSWER,
+                        **event_loop_lag(is_async),
+                        "gen_ai.response.time_to_first_chunk": IsFloat(ge=0),
+                        "llm_latency.connection.reused": False,
+                        "llm_latency.stream.events": len(TOKENS) + 1,  # and [DONE]
+                        "llm_latency.stream.max_gap": IsFloat(ge=0),
+                    },
+                    "children": NEW_CONNECTION,
+                }
+            ],
+        }
+    ]
     request = telemetry.request()
     attrs = attributes(request)
-    assert attrs["llm_latency.stream.events"] == len(TOKENS) + 1  # and [DONE]
     assert attrs["gen_ai.response.time_to_first_chunk"] >= WAIT - 0.005
     assert attrs["llm_latency.stream.max_gap"] >= TOKEN_GAP - 0.005
     # The span lasts to the end of the stream, not to the headers.
@@ -199,11 +293,26 @@ async def test_anthropic_messages(
         lambda: client.messages.create(model="claude-test", max_tokens=16, messages=MESSAGES),
     )
     assert message.content[0].text == "".join(TOKENS)
-    request = telemetry.request()
-    attrs = attributes(request)
-    assert request.name == "POST /v1/messages"
-    assert attrs["http.response.header.request-id"] == ("req_anthropic_1",)
-    assert "http.response.header.x-request-id" not in attrs
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "anthropic POST /v1/messages",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 1, "llm_latency.sdk": "anthropic"},
+            "children": [
+                {
+                    "name": "POST /v1/messages",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/messages"),
+                        **ANTHROPIC_ANSWER,
+                        **event_loop_lag(is_async),
+                        "llm_latency.connection.reused": False,
+                    },
+                    "children": NEW_CONNECTION,
+                }
+            ],
+        }
+    ]
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
@@ -225,12 +334,33 @@ async def test_anthropic_streamed_message(
             return "".join(stream.text_stream)
 
     assert await call(is_async, consume) == "".join(TOKENS)
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "anthropic POST /v1/messages",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 1, "llm_latency.sdk": "anthropic"},
+            "children": [
+                {
+                    "name": "POST /v1/messages",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/messages"),
+                        **ANTHROPIC_ANSWER,
+                        **event_loop_lag(is_async),
+                        "gen_ai.response.time_to_first_chunk": IsFloat(ge=0),
+                        "llm_latency.connection.reused": False,
+                        # message_start, content_block_start, a delta per token,
+                        # content_block_stop, message_delta, message_stop
+                        "llm_latency.stream.events": len(TOKENS) + 5,
+                        "llm_latency.stream.max_gap": IsFloat(ge=0),
+                    },
+                    "children": NEW_CONNECTION,
+                }
+            ],
+        }
+    ]
     attrs = attributes(telemetry.request())
-    # message_start, content_block_start, a delta per token, content_block_stop,
-    # message_delta, message_stop
-    assert attrs["llm_latency.stream.events"] == len(TOKENS) + 5
     assert attrs["gen_ai.response.time_to_first_chunk"] >= WAIT - 0.005
-    assert attrs["http.response.header.request-id"] == ("req_anthropic_1",)
 
 
 async def test_anthropic_retry_after_429(telemetry: Telemetry, provider: ProviderServer) -> None:
@@ -239,10 +369,53 @@ async def test_anthropic_retry_after_429(telemetry: Telemetry, provider: Provide
     await client.messages.create(
         model="claude-test", max_tokens=16, messages=MESSAGES, extra_headers=headers
     )
-    attempts = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
-    assert [attributes(a)["http.response.status_code"] for a in attempts] == [429, 429, 200]
-    assert [attributes(a).get("http.request.resend_count", 0) for a in attempts] == [0, 1, 2]
-    assert attributes(attempts[0])["http.response.header.request-id"] == ("req_429",)
+    lag = event_loop_lag(True)
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "anthropic POST /v1/messages",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "anthropic"},
+            "children": [
+                {
+                    "name": "POST /v1/messages",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/messages"),
+                        **RATE_LIMITED,
+                        **lag,
+                        "llm_latency.connection.reused": False,
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                BACKOFF,
+                {
+                    "name": "POST /v1/messages",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/messages"),
+                        **RATE_LIMITED,
+                        **lag,
+                        "http.request.resend_count": 1,
+                        "llm_latency.connection.reused": True,
+                    },
+                    "children": REUSED,
+                },
+                BACKOFF,
+                {
+                    "name": "POST /v1/messages",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/messages"),
+                        **ANTHROPIC_ANSWER,
+                        **lag,
+                        "http.request.resend_count": 2,
+                        "llm_latency.connection.reused": True,
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
 
 
 async def test_openai_aiohttp_backend_one_span_per_attempt(
@@ -257,10 +430,41 @@ async def test_openai_aiohttp_backend_one_span_per_attempt(
         await client.chat.completions.create(
             model="gpt-test", messages=MESSAGES, extra_headers=headers
         )
-    attempts = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
-    assert [attributes(a)["http.response.status_code"] for a in attempts] == [429, 200]
-    assert [attributes(a).get("http.request.resend_count", 0) for a in attempts] == [0, 1]
-    assert {"send", "wait", "receive"} <= set(telemetry.phases(attempts[1]))
+    # aiohttp in place of httpx: the same trace as with the SDK's default client.
+    lag = event_loop_lag(True)
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "openai POST /chat/completions",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 2, "llm_latency.sdk": "openai"},
+            "children": [
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/chat/completions"),
+                        **RATE_LIMITED,
+                        **lag,
+                        "llm_latency.connection.reused": False,
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                BACKOFF,
+                {
+                    "name": "POST /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **post_to("/v1/chat/completions"),
+                        **OPENAI_ANSWER,
+                        **lag,
+                        "http.request.resend_count": 1,
+                        "llm_latency.connection.reused": True,
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
 
 
 async def test_api_keys_never_exported(telemetry: Telemetry, provider: ProviderServer) -> None:
