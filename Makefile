@@ -19,6 +19,13 @@ $(VENV)/.test-installed: pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[test]'
 	$(PY) -m pip check
+	# OpenLLMetry's instrumentations, for tests/programs/openllmetry_call.py only: in a folder of
+	# their own, so that opentelemetry-instrument in the other tests does not load them (their
+	# entry points are named like openai-v2's).
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) --no-deps --upgrade --target $(VENV)/openllmetry \
+		'opentelemetry-instrumentation-openai>=0.62.4,<1' \
+		'opentelemetry-instrumentation-anthropic>=0.62.4,<1' \
+		'opentelemetry-semantic-conventions-ai>=0.5.1,<0.6'
 	touch $@
 
 $(VENV)/.demo-installed: pyproject.toml $(CONSTRAINTS)

@@ -3,7 +3,10 @@ instrumentation of that SDK both on; prints the finished spans as JSON lines.
 
 It runs in a process of its own: OpenLLMetry's ``uninstrument()`` leaves the SDK's methods
 wrapped (seen with ``opentelemetry-instrumentation-openai`` 0.62.4), which would change every
-later test in the same process.
+later test in the same process. Its packages are installed apart, in the virtual
+environment's ``openllmetry`` folder (Makefile): installed in the environment itself, their
+entry points (named ``openai`` and ``anthropic``, like openai-v2's) would make
+``opentelemetry-instrument`` load them in every other test that runs it.
 
     python tests/programs/openllmetry_call.py openai|anthropic
 """
@@ -16,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.provider_api
+sys.path.insert(0, str(Path(sys.prefix) / "openllmetry"))
 
 import anthropic
 import openai
