@@ -12,9 +12,7 @@ thousands of modules, which a program that never uses them should not pay.
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import importlib.metadata
-import importlib.util
 import logging
 import sys
 import threading
@@ -31,7 +29,7 @@ from opentelemetry.instrumentation.dependencies import (
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from llm_latency import semconv
-from llm_latency.adapters._patching import Unavailable
+from llm_latency.adapters._patching import Unavailable, module_installed
 from llm_latency.emitter import Emitter
 from llm_latency.headers import resolve_capture_list
 from llm_latency.version import __version__
@@ -70,7 +68,7 @@ class Target:
     def trigger(self) -> str | None:
         """The module whose import installs the adapter, if the library is installed."""
         for module in (self.module, self.older_module):
-            if module is not None and _installed(module):
+            if module is not None and module_installed(module):
                 return module
         return None
 
@@ -119,30 +117,11 @@ SDKS: dict[str, Target] = {
 }
 
 
-def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported, found without importing it or its packages (a
-    dotted name's packages are looked up on disk, not run)."""
-    if module in sys.modules:
-        return True
-    top, *parts = module.split(".")
-    try:
-        spec = importlib.util.find_spec(top)
-        for depth, _ in enumerate(parts, 1):
-            locations = None if spec is None else spec.submodule_search_locations
-            if locations is None:
-                return False
-            name = ".".join([top, *parts[:depth]])
-            spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
-    except (ImportError, ValueError):
-        return False
-    return spec is not None
-
-
 def select_clients(clients: Iterable[str] | None) -> list[str]:
     """The client names to instrument: those asked for (all must be installed), or every one
     installed. Raises ValueError for an unknown name or one that is not installed."""
     if clients is None:
-        return [name for name, target in CLIENTS.items() if _installed(target.module)]
+        return [name for name, target in CLIENTS.items() if module_installed(target.module)]
     if isinstance(clients, str):
         clients = [clients]
     chosen: list[str] = []
@@ -151,7 +130,7 @@ def select_clients(clients: Iterable[str] | None) -> list[str]:
             raise ValueError(
                 f"llm-latency: unknown client {name!r}; supported: {', '.join(sorted(CLIENTS))}"
             )
-        if not _installed(CLIENTS[name].module):
+        if not module_installed(CLIENTS[name].module):
             raise ValueError(f"llm-latency: client {name!r} is not installed")
         if name not in chosen:
             chosen.append(name)

@@ -21,7 +21,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -228,6 +231,25 @@ def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switc
             return result
 
     return wrapper
+
+
+def module_installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it or its packages (a
+    dotted name's packages are looked up on disk, not run)."""
+    if module in sys.modules:
+        return True
+    top, *parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+        for depth, _ in enumerate(parts, 1):
+            locations = None if spec is None else spec.submodule_search_locations
+            if locations is None:
+                return False
+            name = ".".join([top, *parts[:depth]])
+            spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
+    except (ImportError, ValueError):
+        return False
+    return spec is not None
 
 
 def _resolve_owner(owner: Any) -> Any:

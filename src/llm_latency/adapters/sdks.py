@@ -27,7 +27,6 @@ around the entering.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from llm_latency import semconv
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
+from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, module_installed
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
 from llm_latency.suppression import tracing_allowed
@@ -200,13 +199,6 @@ SDKS: dict[str, SdkCalls] = {
 }
 
 
-def _exists(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def _target(name: str, hook: Hook) -> tuple[str, str, Hook]:
     owner, _, method = name.rpartition(".")
     return owner, method, hook
@@ -225,7 +217,9 @@ class SdkAdapter:
     def install(self) -> None:
         """Hook the methods of the first layout this version of the SDK has."""
         layouts = self._calls.layouts
-        layout = next((lo for lo in layouts if all(map(_exists, lo.modules()))), layouts[0])
+        layout = next(
+            (lo for lo in layouts if all(map(module_installed, lo.modules()))), layouts[0]
+        )
         call = Hook(self._enter, self._returns, self._exit)
         stream = Hook(self._describe, self._stream_returned)
         targets = [_target(name, call) for name in layout.calls]
