@@ -194,6 +194,16 @@ def parse_reset(value: str | None) -> float | None:
     return left if left >= 0 else None
 
 
+def request_resend_count(request_headers: Any) -> int:
+    """The resend count an SDK's retry-count header in ``request_headers`` gives (any mapping
+    with ``get``, case-insensitive where the client's is), 0 when there is none."""
+    for name in RETRY_COUNT_HEADERS:
+        value = request_headers.get(name)
+        if value is not None:
+            return resend_count(value)
+    return 0
+
+
 def resend_count(value: str | bytes) -> int:
     """The resend count a retry-count request header gives: ``x-stainless-retry-count: N``
     is N; botocore's ``amz-sdk-request: attempt=N; max=M`` is N - 1. 0 when unreadable."""

@@ -34,7 +34,7 @@ from aiohttp.client_exceptions import ClientConnectionError
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import is_ip_literal
 from llm_latency.emitter import Emitter
-from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count
+from llm_latency.headers import request_resend_count
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolRow
 from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
@@ -86,14 +86,6 @@ _streams: dict[Any, Timeline] = {}
 def _attempt_in_flight() -> Timeline | None:
     call = _session_request.get()
     return None if call is None else call.attempt
-
-
-def _retry_count(headers: Any) -> int:
-    for name in RETRY_COUNT_HEADERS:
-        value = headers.get(name)
-        if value is not None:
-            return resend_count(value)
-    return 0
 
 
 def _is_dns_cached(conn: Any, host: str, port: int) -> bool:
@@ -227,7 +219,7 @@ class AiohttpAdapter:
         req = _arg(args, kwargs, 0, "req")
         url = req.url
         attempt = Timeline(req.method, str(url))
-        attempt.resend_count = call.attempts + _retry_count(req.headers)
+        attempt.resend_count = call.attempts + request_resend_count(req.headers)
         call.attempts += 1
         self._emitter.start(
             attempt,

@@ -50,7 +50,7 @@ from llm_latency.adapters._patching import (
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
-from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count
+from llm_latency.headers import request_resend_count
 from llm_latency.pools import ConnectionLifetimes, PoolMetrics, PoolRow
 from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
@@ -85,13 +85,7 @@ def _resend_count(retries: Any, headers: Any) -> int:
     """urllib3's own retries so far, else what a retry-count header says (botocore retries
     in its own loop, one ``urlopen`` per attempt)."""
     history = getattr(retries, "history", None)
-    if history:
-        return len(history)
-    for name in RETRY_COUNT_HEADERS:
-        value = headers.get(name)
-        if value is not None:
-            return resend_count(value)
-    return 0
+    return len(history) if history else request_resend_count(headers)
 
 
 def _full_url(pool: Any, url: str) -> str:
