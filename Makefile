@@ -12,7 +12,7 @@ TYPECHECK ?= $(if $(CONSTRAINTS),no,yes)
 PY := $(VENV)/bin/python
 PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: test demo bench lint clean
+.PHONY: test demo bench lint clean e2e
 
 $(VENV)/.test-installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -52,7 +52,21 @@ $(PROMETHEUS3):
 	bash .ci/prometheus3
 
 test: lint $(PROMETHEUS3)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --ignore=tests/e2e
+
+# make e2e: the deploy bundle run for real on loopback (tests/e2e/). deploy/build/build-bundle
+# builds the Collector, Jaeger, Prometheus and Alertmanager from their Go modules at the
+# versions docker-compose.yaml pins, into BUNDLE_BUILDS (a build per version: cold about 20
+# minutes on 2 cores, then seconds). Needs Go and root (or user namespaces): each service runs
+# in a mount namespace of its own with the compose service names in its /etc/hosts.
+BUNDLE_BUILDS ?= .tools/bundle
+E2E_TESTS := tests/e2e/test_traces.py tests/e2e/test_metrics.py \
+	tests/e2e/test_tail_sampling.py tests/e2e/test_faults.py
+
+e2e: $(VENV)/.test-installed
+	deploy/build/build-bundle $(BUNDLE_BUILDS)
+	LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \
+		--timeout 900 $(E2E_TESTS)
 
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/llm-latency demo
