@@ -17,7 +17,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from llm_latency import trace_files
 from llm_latency.diagnosis import calls_from_spans, from_readable_spans
-from llm_latency.diagnosis.findings import NBSP
 from llm_latency.diagnosis.records import Call
 from llm_latency.testing import LocalDNS
 from tests.command_line import run_cli
@@ -89,7 +88,7 @@ def rows(output: str) -> list[tuple[str, float, float, str]]:
     """The tree lines: (name with its indent, start s, duration s, facts)."""
     units = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
     found = []
-    pattern = rf"(\s*\S.*?)\s+([\d.]+){NBSP}(µs|ms|s) \+\s+([\d.]+){NBSP}(µs|ms|s)\s*(.*)"
+    pattern = rf"(\s*\S.*?)\s+([\d.]+) (µs|ms|s) \+\s+([\d.]+) (µs|ms|s)\s*(.*)"
     for line in output.splitlines():
         match = re.fullmatch(pattern, line)
         if match:
@@ -148,9 +147,9 @@ async def test_explain_a_rate_limited_openai_call(
         "    http.wait",
         "    http.receive",
     ]
-    assert re.fullmatch(rf"attempts=2 backoff=\d+{NBSP}ms", names[0][1])
+    assert re.fullmatch(rf"attempts=2 backoff=\d+ ms", names[0][1])
     assert names[1][1] == "status_code=429 connection=new request_id=req_429 retry-after-ms=150"
-    assert names[6][1] == f"reason=429 retry_after=150{NBSP}ms"
+    assert names[6][1] == f"reason=429 retry_after=150 ms"
     assert names[7][1].startswith(
         "status_code=200 resend_count=1 connection=pooled request_id=req_openai_1 server="
     )
@@ -162,7 +161,7 @@ async def test_explain_a_rate_limited_openai_call(
     assert backoff_length >= 0.15 - 0.001  # the SDK waited as the server asked
     assert backoff_start < second_start  # in order, and inside the call
     assert second_start + second_length <= call_length * 1.01 + 0.001
-    assert "→ 1 of 2 attempts were rate limited (429) and 1 were retries" in output
+    assert "→ 1 of 2 attempts were rate limited (429) and 1 was a retry" in output
     assert "  fix: limit the request rate on the client side" in output
 
 
@@ -182,7 +181,7 @@ async def test_explain_fresh_connections_finds_them(
     dns_rows = [length for name, _, length, _ in table if name == "    http.dns"]
     assert len(dns_rows) == 4 and min(dns_rows) >= 0.03 - 0.001
     assert [facts for name, *_, facts in table if name.startswith("  POST")] == [
-        "status_code=200 connection=new request_id=req_test_123 server=10.0\u00a0ms"
+        "status_code=200 connection=new request_id=req_test_123 server=10.0 ms"
     ] * 4
     assert "→ 3 of 3 requests that could have used a pooled connection opened a new one" in output
     assert "  fix: reuse one client for all requests" in output

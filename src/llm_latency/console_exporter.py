@@ -12,11 +12,16 @@ its logical parent ended (llm-latency's SDK call span, ``llm_latency.retry``'s s
 span or the program's own span), or it has no local parent, or the trace's local root ended.
 At most :data:`MAX_BUFFERED_SPANS` are held: past that, the oldest trace is printed as it is.
 Whatever is still held is printed at shutdown.
+
+The lines fit the terminal: ``COLUMNS`` when set, else the width of the terminal the output
+goes to; written to a file or a pipe, lines are not broken.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
 import threading
 from collections import OrderedDict
@@ -116,7 +121,8 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
         self._held -= len(gone)
         if not held:
             del self._traces[trace_id]
-        return [report([call]) for call in finished]
+        width = _width(self._out if self._out is not None else sys.stderr)
+        return [report([call], width=width) for call in finished]
 
     def _write(self, blocks: list[list[str]]) -> None:
         if not blocks:
@@ -141,6 +147,20 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Nothing to flush: a call is printed as soon as it is over."""
         return True
+
+
+def _width(out: TextIO) -> int | None:
+    """The columns to fit: ``COLUMNS``, else the terminal's if ``out`` is one; None (no limit)
+    for a file or a pipe. Never under 40."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():
+        return max(int(columns), 40)
+    try:
+        if out.isatty():
+            return max(shutil.get_terminal_size().columns, 40)
+    except (AttributeError, ValueError, OSError):  # a closed or unusual stream
+        pass
+    return None
 
 
 def _members(calls: Sequence[Call], records: dict[str, SpanRecord]) -> set[str]:
