@@ -32,6 +32,7 @@ MS = rf"[\d.]+ (?:µs|ms)"
 
 def run_app(base_url: str, *prefix: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    environment.pop("COLUMNS", None)  # written to a pipe: lines are not broken
     environment.update(OTEL_TRACES_EXPORTER="llm_latency_console", OTEL_METRICS_EXPORTER="none")
     environment.update(env)
     return subprocess.run(
@@ -110,7 +111,46 @@ def test_the_variable_under_opentelemetry_instrument() -> None:
     check_rate_limited_run(result, "chat gpt-test")
 
 
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_the_trees_fit_columns(columns: int) -> None:
+    """Under ``COLUMNS``, no line is wider: facts continue on lines of their own, findings wrap
+    at spaces, never between a number and its unit; the facts are all still there."""
+    with mock_server("--rate-limit-every", "2", "--ttfb", "0.05", "--tokens", "1") as mock:
+        result = run_app(mock.url.removesuffix("/chat/completions"), COLUMNS=str(columns))
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert max(len(line) for line in lines) <= columns, result.stderr
+    words = result.stderr.split()
+    assert "resend_count=1" in words and "reason=429" in words
+    assert len(re.findall(REQUEST_ID, result.stderr)) == 3
+    assert not re.search(
+        r"\d$", "\n".join(line for line in lines if re.search(r"^\s*(?:µs|ms|s)\b", line))
+    )
+    for number, line in enumerate(lines[1:], 1):  # a unit never starts a continuation line
+        assert not re.match(r"\s*(?:µs|ms|s)\b", line), (lines[number - 1], line)
+
+
+def test_opentelemetry_instrument_without_a_distro_says_why_there_are_no_spans() -> None:
+    """No distro, no configurator: nothing sets the SDK up, and one line says what to do."""
+    instrument = str(Path(sys.executable).with_name("opentelemetry-instrument"))
+    with mock_server("--ttfb", "0.05", "--tokens", "1") as mock:
+        result = run_app(
+            mock.url.removesuffix("/chat/completions"), instrument,
+            OTEL_PYTHON_DISTRO="none", OTEL_PYTHON_CONFIGURATOR="none",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("llm-latency: no OpenTelemetry SDK was set up") == 1, result.stderr
+    assert "pip install opentelemetry-distro" in result.stderr
+    assert "POST /v1/chat/completions" not in result.stderr  # indeed no spans
+
+
 # -- in process: batches, parents, the memory bound, shutdown ----------------------------------
+
+
+@pytest.fixture(autouse=True)
+def no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process exporters write to a StringIO: lines unbroken unless COLUMNS says."""
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @pytest.fixture

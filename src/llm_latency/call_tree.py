@@ -70,7 +70,9 @@ def rows(call: Call, origin_ns: int) -> list[Row]:
     return out
 
 
-def tree(calls: Sequence[Call], origin_ns: int | None = None, width: int | None = None) -> list[str]:
+def tree(
+    calls: Sequence[Call], origin_ns: int | None = None, width: int | None = None
+) -> list[str]:
     """The lines of the trees of ``calls``, in one column layout; offsets from ``origin_ns``
     (default: the first call's start); no line longer than ``width`` when one is given."""
     if not calls:
@@ -100,7 +102,8 @@ def _with_facts(head: str, row: Row, width: int | None) -> list[str]:
     if width is None or len(line) <= width:
         return [line]
     indent = " " * (len(head) + 2)
-    if width - len(indent) < MIN_FACTS_WIDTH:
+    longest = max((len(fact) for fact in row.facts), default=0)
+    if width - len(indent) < max(MIN_FACTS_WIDTH, longest):  # deeper in the tree instead
         indent = INDENT * (row.depth + 2)
     room = width - len(indent)
     lines = [_fit(head, width)]
@@ -151,7 +154,9 @@ def finding_lines(findings: Sequence[Finding], width: int | None = None) -> list
     return lines
 
 
-def report(calls: Sequence[Call], origin_ns: int | None = None, width: int | None = None) -> list[str]:
+def report(
+    calls: Sequence[Call], origin_ns: int | None = None, width: int | None = None
+) -> list[str]:
     """The trees of ``calls``, then the findings of :func:`llm_latency.diagnose` for them; no
     line longer than ``width`` when one is given."""
     return tree(calls, origin_ns, width) + finding_lines(diagnose(calls), width)

@@ -86,7 +86,9 @@ class ExportHealth:
         if ok or self._warned:
             return
         self._warned = True
-        _logger.warning("%s", warning_line(signal, getattr(exporter, "_endpoint", None), self.detail))
+        _logger.warning(
+            "%s", warning_line(signal, getattr(exporter, "_endpoint", None), self.detail)
+        )
 
     def shut_down(
         self, tracer_provider: TracerProvider, meter_provider: MeterProvider, budget_s: float

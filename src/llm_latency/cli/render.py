@@ -245,7 +245,11 @@ def summary_table(summary: dict[str, dict[str, float]], title: str = "percentile
         if name in summary:
             row = summary[name]
             table.add_row(
-                name.replace("_", " "), dur(row["p50"]), dur(row["p95"]), dur(row["max"]), str(int(row["count"]))
+                name.replace("_", " "),
+                dur(row["p50"]),
+                dur(row["p95"]),
+                dur(row["max"]),
+                str(int(row["count"])),
             )
     return table
 
