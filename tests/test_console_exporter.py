@@ -27,7 +27,7 @@ from tests.servers import LLMServer
 #: instrument(), two chat completions with the openai SDK, and a line of its own.
 APP = Path(__file__).parent / "programs" / "openai_calls.py"
 REQUEST_ID = r"req_[0-9a-f]{24}"
-MS = rf"[\d.]+ (?:µs|ms)"
+MS = r"[\d.]+ (?:µs|ms)"
 
 
 def run_app(base_url: str, *prefix: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -33,12 +33,12 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import llm_latency
 from llm_latency import semconv

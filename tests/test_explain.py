@@ -88,7 +88,7 @@ def rows(output: str) -> list[tuple[str, float, float, str]]:
     """The tree lines: (name with its indent, start s, duration s, facts)."""
     units = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
     found = []
-    pattern = rf"(\s*\S.*?)\s+([\d.]+) (µs|ms|s) \+\s+([\d.]+) (µs|ms|s)\s*(.*)"
+    pattern = r"(\s*\S.*?)\s+([\d.]+) (µs|ms|s) \+\s+([\d.]+) (µs|ms|s)\s*(.*)"
     for line in output.splitlines():
         match = re.fullmatch(pattern, line)
         if match:
@@ -147,9 +147,9 @@ async def test_explain_a_rate_limited_openai_call(
         "    http.wait",
         "    http.receive",
     ]
-    assert re.fullmatch(rf"attempts=2 backoff=\d+ ms", names[0][1])
+    assert re.fullmatch(r"attempts=2 backoff=\d+ ms", names[0][1])
     assert names[1][1] == "status_code=429 connection=new request_id=req_429 retry-after-ms=150"
-    assert names[6][1] == f"reason=429 retry_after=150 ms"
+    assert names[6][1] == "reason=429 retry_after=150 ms"
     assert names[7][1].startswith(
         "status_code=200 resend_count=1 connection=pooled request_id=req_openai_1 server="
     )

@@ -121,8 +121,8 @@ def configure_if_unset() -> None:
             _logger.warning(
                 "llm-latency: could not set up the OpenTelemetry SDK from OTEL_* (%s: %s); "
                 "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' (from a "
-                "checkout: '.[otlp]') for OTLP, or name installed exporters in OTEL_TRACES_EXPORTER and "
-                "OTEL_METRICS_EXPORTER",
+                "checkout: '.[otlp]') for OTLP, or name installed exporters in "
+                "OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER",
                 type(exc).__name__,
                 exc,
             )
