@@ -11,7 +11,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -103,6 +104,19 @@ def pack(items: Iterable[str], width: int, indent: str, subsequent: str, sep: st
     if line:
         lines.append(line)
     return lines
+
+
+def print_trimmed(console: Console, renderable: RenderableType) -> None:
+    """Print ``renderable`` (a table without borders, say) with no trailing spaces: rich pads
+    each line to the table's width."""
+    for line in console.render_lines(renderable, pad=False):
+        segments = list(line)
+        while segments and not segments[-1].control and not segments[-1].text.rstrip():
+            segments.pop()
+        if segments:
+            last = segments[-1]
+            segments[-1] = Segment(last.text.rstrip(), last.style, last.control)
+        console.print(Segments([*segments, Segment.line()]), soft_wrap=True, end="")
 
 
 def _print(console: Console, lines: Iterable[str | Text], style: str = "") -> None:
