@@ -30,6 +30,13 @@ MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 FORMATS = ["jaeger", "otlp"]
 
 
+@pytest.fixture(autouse=True)
+def no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """explain's lines are unbroken unless COLUMNS (or a terminal) says (see
+    test_explain_fits_columns)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture
 async def provider() -> AsyncIterator[ProviderServer]:
     async with provider_server() as server:
@@ -314,3 +321,15 @@ def test_files_without_llm_latency_spans_and_unreadable_files(tmp_path: Path) ->
         result = run_cli("explain", argument)
         assert result.returncode == 1
         assert (result.stdout, result.stderr) == ("", f"llm-latency: error: {message}\n")
+
+
+async def test_explain_fits_columns(
+    telemetry: Telemetry, provider: ProviderServer, tmp_path: Path
+) -> None:
+    """Under ``COLUMNS``, explain's trees and findings fit it, as the console exporter's do."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text(otlp_json_lines([await rate_limited_call(telemetry, provider)]))
+    result = run_cli("explain", str(path), env={"COLUMNS": "72"})
+    assert result.returncode == 0, result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 72
+    assert "retry-after-ms=150" in result.stdout.split()

@@ -22,9 +22,12 @@ findings are wrapped at spaces, never between a number and its unit.
 
 from __future__ import annotations
 
+import os
+import shutil
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TextIO
 from urllib.parse import urlsplit
 
 from llm_latency import semconv
@@ -160,6 +163,20 @@ def report(
     """The trees of ``calls``, then the findings of :func:`llm_latency.diagnose` for them; no
     line longer than ``width`` when one is given."""
     return tree(calls, origin_ns, width) + finding_lines(diagnose(calls), width)
+
+
+def columns_for(out: TextIO) -> int | None:
+    """The width to fit: ``COLUMNS``, else the terminal's if ``out`` is one; None (no limit)
+    for a file or a pipe. Never under 40."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():
+        return max(int(columns), 40)
+    try:
+        if out.isatty():
+            return max(shutil.get_terminal_size().columns, 40)
+    except (AttributeError, ValueError, OSError):  # a closed or unusual stream
+        pass
+    return None
 
 
 def _offset(start_ns: int, origin_ns: int) -> float:

@@ -20,8 +20,6 @@ goes to; written to a file or a pipe, lines are not broken.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import sys
 import threading
 from collections import OrderedDict
@@ -32,7 +30,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from llm_latency import semconv
-from llm_latency.call_tree import report
+from llm_latency.call_tree import columns_for, report
 from llm_latency.diagnosis.records import (
     Call,
     SpanRecord,
@@ -121,7 +119,7 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
         self._held -= len(gone)
         if not held:
             del self._traces[trace_id]
-        width = _width(self._out if self._out is not None else sys.stderr)
+        width = columns_for(self._out if self._out is not None else sys.stderr)
         return [report([call], width=width) for call in finished]
 
     def _write(self, blocks: list[list[str]]) -> None:
@@ -147,20 +145,6 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Nothing to flush: a call is printed as soon as it is over."""
         return True
-
-
-def _width(out: TextIO) -> int | None:
-    """The columns to fit: ``COLUMNS``, else the terminal's if ``out`` is one; None (no limit)
-    for a file or a pipe. Never under 40."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit():
-        return max(int(columns), 40)
-    try:
-        if out.isatty():
-            return max(shutil.get_terminal_size().columns, 40)
-    except (AttributeError, ValueError, OSError):  # a closed or unusual stream
-        pass
-    return None
 
 
 def _members(calls: Sequence[Call], records: dict[str, SpanRecord]) -> set[str]:
