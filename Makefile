@@ -1,5 +1,5 @@
 # make test: a virtual environment with the package and its test extras, then the whole suite
-# (lint, types, tests). make demo: llm-latency demo, scenes against a built-in loopback server.
+# (lint, types, the docs site, the release files, tests). make demo: llm-latency demo, scenes against a built-in loopback server.
 # CONSTRAINTS=FILE installs under pip's -c FILE, e.g. the oldest supported set CI also tests:
 #   make test VENV=.venv-oldest CONSTRAINTS=constraints/oldest.txt
 # mypy checks the code against the annotations of the newest dependencies only (older releases
@@ -12,7 +12,7 @@ TYPECHECK ?= $(if $(CONSTRAINTS),no,yes)
 PY := $(VENV)/bin/python
 PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: test demo bench lint clean e2e
+.PHONY: test demo bench lint docs dist clean e2e
 
 $(VENV)/.test-installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,17 @@ PROMETHEUS3 := .tools/prometheus3/usr/bin/prometheus
 $(PROMETHEUS3):
 	bash .ci/prometheus3
 
-test: lint $(PROMETHEUS3)
+# The documentation site, strictly: a broken link or a page missing from the navigation fails.
+docs: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
+
+# The release files: sdist and wheel in dist/, checked by twine (metadata, README rendering).
+dist: $(VENV)/.test-installed
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+
+test: lint docs dist $(PROMETHEUS3)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --ignore=tests/e2e
 
 # make e2e: the deploy bundle run for real on loopback (tests/e2e/). deploy/build/build-bundle
@@ -75,4 +85,4 @@ bench: $(VENV)/.test-installed
 	$(PY) bench/overhead.py
 
 clean:
-	rm -rf $(VENV) .venv-oldest .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-oldest .mypy_cache .ruff_cache .pytest_cache dist site
