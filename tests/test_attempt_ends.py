@@ -14,7 +14,7 @@ import httpx2
 import requests
 import urllib3
 
-from llm_latency.instrumentor import LLMLatencyInstrumentor
+from llm_latency import emitter as emitting
 from tests.conftest import Telemetry
 from tests.servers import LLMServer, unused_port
 
@@ -26,9 +26,9 @@ async def in_thread(work: Callable[[], Any]) -> Any:
 
 
 def open_attempts() -> int:
-    emitter = LLMLatencyInstrumentor().emitter
+    emitter = emitting.active
     assert emitter is not None
-    return len(emitter._open)
+    return len(emitter.in_flight())
 
 
 def assert_every_attempt_ended(telemetry: Telemetry, count: int) -> None:

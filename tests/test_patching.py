@@ -219,9 +219,7 @@ async def test_a_client_outside_its_supported_range_is_skipped(
     server: LLMServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     clients = dict(instrumentor_module.CLIENTS)
-    clients["aiohttp"] = Target(
-        "aiohttp", "aiohttp < 1", "llm_latency.adapters.aiohttp:AiohttpAdapter"
-    )
+    clients["aiohttp"] = Target("aiohttp", "aiohttp < 1", clients["aiohttp"].adapter)
     monkeypatch.setattr(instrumentor_module, "CLIENTS", clients)
     telemetry = Telemetry()
     with caplog.at_level(logging.WARNING, logger="llm_latency"):

@@ -49,12 +49,13 @@ from llm_latency.adapters._patching import (
 )
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.calls import LogicalCall, current_call
+from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
 from llm_latency.headers import request_resend_count
 from llm_latency.pools import ConnectionLifetimes, PoolMetrics, PoolRow
 from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
-from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline, clock_ns
+from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline
 
 _ATTEMPT: Final = "_llm_latency_attempt"
 _CATCHING: Final = "_llm_latency_catching"
@@ -238,7 +239,7 @@ class RequestsAdapter:
         if state.call_token is not None:
             current_call.reset(state.call_token)
             if state.call is not None:
-                self._emitter.close_call(state.call)
+                self._emitter.calls.close_call(state.call)
 
     def _urlopen_returns(self, state: _Urlopen, response: Any) -> Any:
         try:
