@@ -32,6 +32,7 @@ from llm_latency import instrumentor as instrumentor_module
 from llm_latency.adapters import aiohttp as aiohttp_adapter
 from llm_latency.adapters._patching import PatchSet
 from llm_latency.adapters._resolver import resolver_hooks
+from llm_latency.call_spans import CallSpans
 from llm_latency.emitter import Emitter
 from llm_latency.instrumentor import SDKS, LLMLatencyInstrumentor, Target
 from llm_latency.sse import SSECounter
@@ -146,7 +147,7 @@ def test_a_fault_in_the_retry_helpers_tracing_never_reaches_the_program(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("plugin bug")
 
-    monkeypatch.setattr(Emitter, fault, broken)
+    monkeypatch.setattr(CallSpans, fault, broken)
     calls: list[int] = []
 
     @llm_latency.retry(attempts=3, base_delay=0.0)
