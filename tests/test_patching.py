@@ -4,6 +4,7 @@ instrumentations in either order."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import importlib
 import inspect
@@ -29,6 +30,7 @@ from packaging.requirements import Requirement
 
 import llm_latency
 from llm_latency import instrumentor as instrumentor_module
+from llm_latency.adapters import _patching
 from llm_latency.adapters import aiohttp as aiohttp_adapter
 from llm_latency.adapters._patching import PatchSet
 from llm_latency.adapters._resolver import resolver_hooks
@@ -97,6 +99,30 @@ async def test_options_read_from_the_signature_are_not_dropped(
         llm_latency.uninstrument()
     assert body
     assert len(telemetry.requests()) == 1
+
+
+# -- the sync and async wrappers ---------------------------------------------------------------
+
+
+class _Unasync(ast.NodeTransformer):
+    """``async def`` -> ``def``, ``await x`` -> ``x``."""
+
+    def visit_Await(self, node: ast.Await) -> ast.AST:
+        inner: ast.AST = self.visit(node.value)
+        return inner
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
+        self.generic_visit(node)
+        return ast.FunctionDef(**{field: getattr(node, field) for field in node._fields})
+
+
+def test_the_async_wrapper_is_the_sync_one_with_await() -> None:
+    tree = ast.parse(inspect.getsource(_patching))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    sync, awaiting = functions["_sync_wrapper"], functions["_async_wrapper"]
+    unasynced = _Unasync().visit(awaiting)
+    unasynced.name = sync.name
+    assert ast.dump(unasynced) == ast.dump(sync)
 
 
 # -- guarded plugin code ------------------------------------------------------------------------
