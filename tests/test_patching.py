@@ -41,7 +41,7 @@ from llm_latency.sse import SSECounter
 from llm_latency.timeline import Timeline
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
-from tests.test_api import PATCHED, snapshot
+from tests.test_api import patched, snapshot
 
 CLIENTS = ["aiohttp", "httpx", "httpx2", "requests"]
 
@@ -70,15 +70,15 @@ def test_wrappers_keep_signature_names_and_wrapped() -> None:
     telemetry = Telemetry()
     telemetry.instrument()
     try:
-        for (owner, name), original in zip(PATCHED, originals, strict=True):
-            patched = vars(owner)[name]
+        for (owner, name), original in zip(patched(), originals, strict=True):
+            wrapper = vars(owner)[name]
             where = f"{getattr(owner, '__name__', owner)}.{name}"
-            assert patched is not original, where
-            assert inspect.signature(patched) == inspect.signature(original), where
-            assert patched.__name__ == original.__name__, where
-            assert patched.__qualname__ == original.__qualname__, where
-            assert patched.__wrapped__ is original, where
-            assert inspect.iscoroutinefunction(patched) == inspect.iscoroutinefunction(original)
+            assert wrapper is not original, where
+            assert inspect.signature(wrapper) == inspect.signature(original), where
+            assert wrapper.__name__ == original.__name__, where
+            assert wrapper.__qualname__ == original.__qualname__, where
+            assert wrapper.__wrapped__ is original, where
+            assert inspect.iscoroutinefunction(wrapper) == inspect.iscoroutinefunction(original)
     finally:
         llm_latency.uninstrument()
 

@@ -350,6 +350,10 @@ class PatchSet:
             holder.__wrapped__ = wrapper
         self._installed.append(_Installed(owner, name, own, wrapper))
 
+    def installed(self) -> list[tuple[Any, str]]:
+        """``(owner, attribute)`` of every hook in place."""
+        return [(item.owner, item.name) for item in self._installed]
+
     def restore(self) -> None:
         """Take every hook out, wherever it now sits in a chain of wrappers, newest first."""
         self._switch.on = False
