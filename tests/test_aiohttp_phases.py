@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from llm_latency.testing import HandshakeDelay, LocalDNS
+from tests.attributes import attributes
 from tests.checks import SLACK, assert_about, assert_server_phases, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer
@@ -33,11 +34,10 @@ async def test_fresh_connection_has_dns_connect_send_wait_receive(
     assert seconds(phases["connect"]) < SLACK
     assert_about(seconds(request), 0.8)
     assert request.name == "POST /v1/chat/completions"
-    assert request.attributes is not None
-    assert request.attributes["server.address"] == "api.llm.test"
-    assert request.attributes["llm_latency.connection.reused"] is False
-    assert request.attributes["http.response.status_code"] == 200
-    assert request.attributes["network.protocol.version"] == "1.1"
+    assert attributes(request)["server.address"] == "api.llm.test"
+    assert attributes(request)["llm_latency.connection.reused"] is False
+    assert attributes(request)["http.response.status_code"] == 200
+    assert attributes(request)["network.protocol.version"] == "1.1"
     assert_tiles(telemetry)
 
 
@@ -68,9 +68,8 @@ async def test_pooled_connection_skips_dns_connect_tls(
     first, second = telemetry.requests()
     assert {"dns", "connect", "tls"} <= set(telemetry.phases(first))
     assert set(telemetry.phases(second)) == {"send", "wait", "receive"}
-    assert first.attributes is not None and second.attributes is not None
-    assert first.attributes["llm_latency.connection.reused"] is False
-    assert second.attributes["llm_latency.connection.reused"] is True
+    assert attributes(first)["llm_latency.connection.reused"] is False
+    assert attributes(second)["llm_latency.connection.reused"] is True
     reused = {
         p.attributes["llm_latency.connection.reused"]: p.value
         for p in telemetry.metric_points("llm_latency.connections")
@@ -141,11 +140,10 @@ async def test_redirect_hops_are_separate_attempts(telemetry: Telemetry, server:
                 await response.read()
                 assert response.status == 200
     hop, final = telemetry.requests()
-    assert hop.attributes is not None and final.attributes is not None
-    assert hop.attributes["http.response.status_code"] == 302
-    assert "http.request.resend_count" not in hop.attributes
-    assert final.attributes["http.response.status_code"] == 200
-    assert final.attributes["http.request.resend_count"] == 1
+    assert attributes(hop)["http.response.status_code"] == 302
+    assert "http.request.resend_count" not in attributes(hop)
+    assert attributes(final)["http.response.status_code"] == 200
+    assert attributes(final)["http.request.resend_count"] == 1
     assert hop.parent == final.parent
     assert hop.context is not None and final.context is not None
     assert hop.context.trace_id == final.context.trace_id
@@ -164,13 +162,12 @@ async def test_unknown_methods_follow_the_semantic_conventions(
         async with session.request("PURGE", server.url()) as response:
             await response.read()
     request = telemetry.request()
-    assert request.attributes is not None
     method = "PURGE" if capture_all else "_OTHER"
     assert request.name == (
         "PURGE /v1/chat/completions" if capture_all else "HTTP /v1/chat/completions"
     )
-    assert request.attributes["http.request.method"] == method
-    assert request.attributes.get("http.request.method_original") == (
+    assert attributes(request)["http.request.method"] == method
+    assert attributes(request).get("http.request.method_original") == (
         None if capture_all else "PURGE"
     )
     (point,) = telemetry.metric_points("http.client.request.duration")

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 import llm_latency
+from tests.attributes import attributes
 from tests.checks import compare, run
 from tests.conftest import Telemetry, seconds
 from tests.genai_api import (
@@ -58,8 +59,7 @@ async def provider() -> AsyncIterator[GenAIServer]:
 
 
 def attrs(span: ReadableSpan) -> dict[str, Any]:
-    assert span.attributes is not None
-    return dict(span.attributes)
+    return dict(attributes(span))
 
 
 def children(telemetry: Telemetry, parent: ReadableSpan) -> list[ReadableSpan]:
