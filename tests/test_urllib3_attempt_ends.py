@@ -44,10 +44,18 @@ def failure(request: ReadableSpan) -> tuple[object, object]:
     return found.get("llm_latency.failed_phase"), found.get("error.type")
 
 
+def one_after_another(telemetry: Telemetry) -> tuple[ReadableSpan, ReadableSpan]:
+    """The two attempts, the first ended before the second started."""
+    first, second = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
+    assert first.end_time is not None and second.start_time is not None
+    assert first.end_time <= second.start_time
+    return first, second
+
+
 def test_the_table_lists_the_ways_tested_here() -> None:
     doc = _urllib3_attempt.__doc__ or ""
     listed = set(re.findall(r"^\| ``(\w+)``", doc, re.MULTILINE))
-    tested = {name[len("test_") :] for name in globals() if name.startswith("test_")}
+    tested = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
     assert listed == tested - {"the_table_lists_the_ways_tested_here"}
 
 
@@ -89,11 +97,8 @@ def test_request_error(telemetry: Telemetry) -> None:
     url = f"http://127.0.0.1:{unused_port()}/v1/chat/completions"
     with urllib3.PoolManager() as pool, pytest.raises(urllib3.exceptions.MaxRetryError):
         pool.request("GET", url, retries=urllib3.Retry(connect=1, backoff_factor=0))
-    first, second = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
-    assert failure(first) == ("connect", "NewConnectionError")
-    assert failure(second) == ("connect", "NewConnectionError")
-    assert first.end_time is not None and second.start_time is not None
-    assert first.end_time <= second.start_time
+    first, second = one_after_another(telemetry)
+    assert failure(first) == failure(second) == ("connect", "NewConnectionError")
     telemetry.assert_all_ended_once()
 
 
@@ -163,14 +168,19 @@ async def test_body_read(telemetry: Telemetry, server: LLMServer) -> None:
     assert set(telemetry.phases(request)) >= {"send", "wait", "receive"}
 
 
-def test_read_error(telemetry: Telemetry) -> None:
-    response = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc"  # then FIN
+def assert_read_fails(telemetry: Telemetry, response: bytes) -> None:
+    """Reading the body of ``response`` (sent as it is, then FIN) raises: the attempt failed
+    in its receive phase, with urllib3's error."""
     with RawServer(response) as server, urllib3.PoolManager() as pool:
         held = pool.request("GET", server.url(), preload_content=False)
         with pytest.raises(urllib3.exceptions.ProtocolError):
             held.read()
     assert failure(telemetry.request()) == ("receive", "ProtocolError")
     telemetry.assert_all_ended_once()
+
+
+def test_read_error(telemetry: Telemetry) -> None:
+    assert_read_fails(telemetry, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc")
 
 
 async def test_closed(telemetry: Telemetry, server: LLMServer) -> None:
@@ -193,13 +203,7 @@ async def test_closed(telemetry: Telemetry, server: LLMServer) -> None:
 
 def test_framing_error(telemetry: Telemetry) -> None:
     # urllib3 closes the response on a bad chunk-size line, then raises: the error counts.
-    response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
-    with RawServer(response) as server, urllib3.PoolManager() as pool:
-        held = pool.request("GET", server.url(), preload_content=False)
-        with pytest.raises(urllib3.exceptions.ProtocolError):
-            held.read()
-    assert failure(telemetry.request()) == ("receive", "ProtocolError")
-    telemetry.assert_all_ended_once()
+    assert_read_fails(telemetry, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
 
 
 async def test_drained(telemetry: Telemetry, server: LLMServer) -> None:
@@ -209,10 +213,8 @@ async def test_drained(telemetry: Telemetry, server: LLMServer) -> None:
             assert pool.request("GET", server.url("/redirect")).status == 200
 
     await in_thread(work)
-    first, second = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
+    first, second = one_after_another(telemetry)
     assert attributes(first)["http.response.status_code"] == 302
-    assert first.end_time is not None and second.start_time is not None
-    assert first.end_time <= second.start_time
     assert str_attr(second, "url.full").endswith("/v1/chat/completions")
     telemetry.assert_all_ended_once()
 
