@@ -14,6 +14,8 @@ from tests.attributes import attributes
 from tests.checks import SLACK, assert_about, assert_server_phases, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer
+from tests.span_tree import phase_nodes, span_tree
+from tests.test_retries import LAG, NEW_CONNECTION, REUSED, SERVED, request_to
 
 
 async def test_fresh_connection_has_dns_connect_send_wait_receive(
@@ -33,11 +35,27 @@ async def test_fresh_connection_has_dns_connect_send_wait_receive(
     assert_server_phases(phases, wait=0.3, receive=0.3)
     assert seconds(phases["connect"]) < SLACK
     assert_about(seconds(request), 0.8)
-    assert request.name == "POST /v1/chat/completions"
-    assert attributes(request)["server.address"] == "api.llm.test"
-    assert attributes(request)["llm_latency.connection.reused"] is False
-    assert attributes(request)["http.response.status_code"] == 200
-    assert attributes(request)["network.protocol.version"] == "1.1"
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "POST /v1/chat/completions",
+            "kind": "CLIENT",
+            "attributes": {
+                **request_to("POST", url),
+                **SERVED,
+                **LAG,
+                "http.response.header.openai-processing-ms": ["300"],
+                "http.response.status_code": 200,
+                "llm_latency.connection.reused": False,
+                "llm_latency.server.processing_time": 0.3,
+                "network.protocol.version": "1.1",
+                "server.address": "api.llm.test",
+                "url.full": url,  # span_tree stands PORT in for loopback addresses' ports only
+            },
+            "children": phase_nodes(
+                "dns", "connect", "send", "wait", "receive", host="api.llm.test"
+            ),
+        }
+    ]
     assert_tiles(telemetry)
 
 
@@ -139,14 +157,47 @@ async def test_redirect_hops_are_separate_attempts(telemetry: Telemetry, server:
             async with session.get(server.url("/redirect")) as response:
                 await response.read()
                 assert response.status == 200
-    hop, final = telemetry.requests()
-    assert attributes(hop)["http.response.status_code"] == 302
-    assert "http.request.resend_count" not in attributes(hop)
-    assert attributes(final)["http.response.status_code"] == 200
-    assert attributes(final)["http.request.resend_count"] == 1
-    assert hop.parent == final.parent
-    assert hop.context is not None and final.context is not None
-    assert hop.context.trace_id == final.context.trace_id
+    # Both hops under the program's span, the second a resend on the same connection.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "program",
+            "kind": "INTERNAL",
+            "attributes": {},
+            "children": [
+                {
+                    "name": "GET",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **LAG,
+                        "http.request.method": "GET",
+                        "http.response.status_code": 302,
+                        "llm_latency.connection.reused": False,
+                        "network.protocol.version": "1.1",
+                        "server.address": "127.0.0.1",
+                        "server.port": "PORT",
+                        "url.full": "http://127.0.0.1:PORT/redirect",
+                    },
+                    "children": NEW_CONNECTION,
+                },
+                {
+                    "name": "GET /v1/chat/completions",
+                    "kind": "CLIENT",
+                    "attributes": {
+                        **request_to("GET", server.url()),
+                        **SERVED,
+                        **LAG,
+                        "http.request.resend_count": 1,
+                        "http.response.status_code": 200,
+                        "llm_latency.connection.reused": True,
+                        "network.protocol.version": "1.1",
+                    },
+                    "children": REUSED,
+                },
+            ],
+        }
+    ]
+    hop, final = telemetry.requests()  # and the second links to the first
+    assert hop.context is not None
     assert [link.context.span_id for link in final.links] == [hop.context.span_id]
 
 
