@@ -15,7 +15,7 @@ from tests.checks import SLACK, assert_about, assert_server_phases, assert_tiles
 from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer
 from tests.span_tree import phase_nodes, span_tree
-from tests.test_retries import LAG, NEW_CONNECTION, REUSED, SERVED, request_to
+from tests.test_retries import LAG, redirect_hops, served
 
 
 async def test_fresh_connection_has_dns_connect_send_wait_receive(
@@ -40,15 +40,8 @@ async def test_fresh_connection_has_dns_connect_send_wait_receive(
             "name": "POST /v1/chat/completions",
             "kind": "CLIENT",
             "attributes": {
-                **request_to("POST", url),
-                **SERVED,
+                **served("POST", url, reused=False, processing=0.3, host="api.llm.test"),
                 **LAG,
-                "http.response.header.openai-processing-ms": ["300"],
-                "http.response.status_code": 200,
-                "llm_latency.connection.reused": False,
-                "llm_latency.server.processing_time": 0.3,
-                "network.protocol.version": "1.1",
-                "server.address": "api.llm.test",
                 "url.full": url,  # span_tree stands PORT in for loopback addresses' ports only
             },
             "children": phase_nodes(
@@ -163,37 +156,7 @@ async def test_redirect_hops_are_separate_attempts(telemetry: Telemetry, server:
             "name": "program",
             "kind": "INTERNAL",
             "attributes": {},
-            "children": [
-                {
-                    "name": "GET",
-                    "kind": "CLIENT",
-                    "attributes": {
-                        **LAG,
-                        "http.request.method": "GET",
-                        "http.response.status_code": 302,
-                        "llm_latency.connection.reused": False,
-                        "network.protocol.version": "1.1",
-                        "server.address": "127.0.0.1",
-                        "server.port": "PORT",
-                        "url.full": "http://127.0.0.1:PORT/redirect",
-                    },
-                    "children": NEW_CONNECTION,
-                },
-                {
-                    "name": "GET /v1/chat/completions",
-                    "kind": "CLIENT",
-                    "attributes": {
-                        **request_to("GET", server.url()),
-                        **SERVED,
-                        **LAG,
-                        "http.request.resend_count": 1,
-                        "http.response.status_code": 200,
-                        "llm_latency.connection.reused": True,
-                        "network.protocol.version": "1.1",
-                    },
-                    "children": REUSED,
-                },
-            ],
+            "children": redirect_hops(server, LAG),
         }
     ]
     hop, final = telemetry.requests()  # and the second links to the first
