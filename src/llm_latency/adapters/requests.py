@@ -19,15 +19,11 @@ How each phase is observed (hooks on urllib3's classes; each group degrades on i
 
 The attempt of each ``urlopen`` call and the ways it ends: ``_urllib3_attempt``.
 
-The connection pool (``pools``): a pool is read when the SDK collects, from the first connection
-object it makes (``_new_conn``); a connection opens at the end of ``HTTPConnection.connect``
-and closes at ``close``.
+The connection pools (``pools``): ``_urllib3_pool``.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterator
 from functools import partial
 from typing import Any, Final
 
@@ -59,20 +55,14 @@ from llm_latency.adapters._urllib3_attempt import (
     response_begins,
     response_built,
 )
+from llm_latency.adapters._urllib3_pool import CONNECTION, POOL, pool_hooks
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
 from llm_latency.headers import request_resend_count
-from llm_latency.pools import ConnectionLifetimes, PoolMetrics, PoolRow
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, QUEUE, SEND, TLS, WAIT, Timeline
 
-_POOL: Final = "urllib3.connectionpool:HTTPConnectionPool"
-_HTTPS_POOL: Final = "urllib3.connectionpool:HTTPSConnectionPool"
-_CONNECTION: Final = "urllib3.connection:HTTPConnection"
-_HTTPS_CONNECTION: Final = "urllib3.connection:HTTPSConnection"
-#: The connections a pool made (a weak set on the pool), to tell its checked-out ones.
-_CONNECTIONS: Final = "_llm_latency_connections"
 _RESPONSE: Final = "urllib3.response:HTTPResponse"
 
 # urlopen(method, url, body=None, headers=None, retries=None, ...): positions of the arguments
@@ -129,8 +119,8 @@ class RequestsAdapter:
         if not p.group(
             "request spans",
             [
-                (_POOL, "urlopen", urlopen),
-                (_POOL, "_make_request", Hook(_connection_taken, error=Attempt.end)),
+                (POOL, "urlopen", urlopen),
+                (POOL, "_make_request", Hook(_connection_taken, error=Attempt.end)),
                 (_RESPONSE, "__init__", Hook(response_begins, response_built)),
                 (_RESPONSE, "_error_catcher", Hook(response_attempt, ErrorCatcher)),
                 (_RESPONSE, "release_conn", Hook(response_attempt, body_ended)),
@@ -144,10 +134,10 @@ class RequestsAdapter:
                 "the error of a broken chunked body "
                 "(urllib3.response.HTTPResponse._update_chunk_length not found)"
             )
-        p.group("the queue phase", [(_POOL, "_get_conn", phase_hook(QUEUE, _queued, resume=True))])
+        p.group("the queue phase", [(POOL, "_get_conn", phase_hook(QUEUE, _queued, resume=True))])
         p.group(
             "the connect phase",
-            [(_CONNECTION, "_new_conn", Hook(_connect_begins, _connect_ends, _connect_fails))],
+            [(CONNECTION, "_new_conn", Hook(_connect_begins, _connect_ends, _connect_fails))],
         )
         p.group(
             "the tls phase",
@@ -159,20 +149,8 @@ class RequestsAdapter:
                 )
             ],
         )
-        p.group("the send and wait phases", [(_CONNECTION, "request", Hook(_send_begins, _sent))])
-        pools = self._emitter.pools
-        made = Hook(_itself, partial(_connection_made, pools))
-        opened = Hook(_itself, partial(_connection_opened, pools.lifetimes))
-        p.group(
-            "the connection pool",
-            [
-                (_POOL, "_new_conn", made),
-                (_HTTPS_POOL, "_new_conn", made),
-                (_CONNECTION, "connect", opened),
-                (_HTTPS_CONNECTION, "connect", opened),
-                (_CONNECTION, "close", Hook(pools.lifetimes.on_close)),
-            ],
-        )
+        p.group("the send and wait phases", [(CONNECTION, "request", Hook(_send_begins, _sent))])
+        p.group("the connection pool", pool_hooks(self._emitter.pools))
         chunk = Tap(chunk_read)
         p.group(
             "body chunk times",
@@ -262,52 +240,6 @@ def _queued(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Timelin
     if attempt is None or not pool.block or pool.pool is None or not pool.pool.empty():
         return None
     return attempt.timeline
-
-
-# -- the connection pool ---------------------------------------------------------------------
-
-
-def _itself(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return instance
-
-
-def _connection_made(pools: PoolMetrics, pool: Any, connection: Any) -> Any:
-    """``pool`` made a connection object (it connects when first used). Not one made where
-    instrumentation is suppressed (an OTLP exporter's own): it is not the program's."""
-    if not tracing_allowed():
-        return connection
-    members = pool.__dict__.get(_CONNECTIONS)
-    if members is None:
-        members = pool.__dict__.setdefault(_CONNECTIONS, weakref.WeakSet())
-        pools.watch(pool, _read_pool)
-    members.add(connection)
-    return connection
-
-
-def _connection_opened(lifetimes: ConnectionLifetimes, connection: Any, result: Any) -> Any:
-    if tracing_allowed():
-        lifetimes.opened(connection, connection.host, connection.port)
-    return result
-
-
-def _read_pool(pool: Any, lifetimes: ConnectionLifetimes) -> Iterator[PoolRow]:
-    """One pool (one host): its idle connections wait in its queue; the open ones it made that
-    are not there are checked out, so active. Its ``maxsize`` limits the connections only when
-    it blocks (``pool_block=True``); otherwise more are opened, and closed after use."""
-    queue = pool.pool
-    members = pool.__dict__.get(_CONNECTIONS)
-    if queue is None or members is None:  # closed, or never connected
-        return
-    waiting = {id(connection) for connection in list(queue.queue) if connection is not None}
-    active = idle = 0
-    for connection in list(members):
-        if lifetimes.is_open(connection):
-            if id(connection) in waiting:
-                idle += 1
-            else:
-                active += 1
-    if active or idle:
-        yield (pool.host, pool.port), active, idle, queue.maxsize if pool.block else None
 
 
 def _connect_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
