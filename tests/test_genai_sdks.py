@@ -18,7 +18,6 @@ from typing import Any
 import cohere
 import groq
 import httpx
-import mistralai
 import pytest
 from google import genai
 from google.genai import types as genai_types
@@ -564,4 +563,3 @@ def test_tested_versions_are_in_the_supported_ranges() -> None:
             name,
             importlib.metadata.version(SDKS[name].distribution),
         )
-    assert mistralai is not None
