@@ -123,7 +123,9 @@ def response_begins(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     resp.__dict__[ATTEMPT] = attempt  # first: from here on, the response's end ends it
     timeline = attempt.timeline
     timeline.advance(RECEIVE)
-    timeline.status_code = argument(args, kwargs, 2, "status")
+    status = argument(args, kwargs, 2, "status")
+    if isinstance(status, int) and status:
+        timeline.status_code = status
     version = argument(args, kwargs, 3, "version")
     if version in (10, 11, 20):
         timeline.protocol_version = {10: "1.0", 11: "1.1", 20: "2"}[version]
@@ -135,22 +137,26 @@ def response_begins(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
 
 def response_built(state: tuple[Attempt, Any], result: None) -> None:
+    """The response is built: its attempt ends if there is no body left to read."""
     attempt, resp = state
     if resp._body is not None or resp.length_remaining == 0 or resp.closed:
         attempt.end()  # the body was read at once (preload_content), or there is none
 
 
 def response_attempt(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The attempt a response holds, unless it has ended (then the hook stays out)."""
     attempt: Attempt | None = resp.__dict__.get(ATTEMPT)
     return SKIP if attempt is None or attempt.timeline.ended else attempt
 
 
 def body_ended(attempt: Attempt, result: Any) -> Any:
+    """``release_conn`` returned: see :meth:`Attempt.body_ended`."""
     attempt.body_ended()
     return result
 
 
 def ended(attempt: Attempt, result: Any) -> Any:
+    """``drain_conn`` returned: the attempt ends."""
     attempt.end()
     return result
 
@@ -200,6 +206,7 @@ class ErrorCatcher:
 
 
 def chunk_read(resp: Any, data: bytes) -> None:
+    """A chunk of the body came from the socket (a ``Tap``: per chunk, kept cheap)."""
     if data:
         attempt: Attempt | None = resp.__dict__.get(ATTEMPT)
         if attempt is not None and not attempt.timeline.ended:
