@@ -141,17 +141,23 @@ async def test_not_handed(
 
 
 async def test_preloaded(telemetry: Telemetry, server: LLMServer) -> None:
-    # A HEAD response has no body: it is over when it is built, before any read.
+    # urllib3's default reads the whole body as the response is built; a HEAD response has
+    # none. Either is over when urlopen returns, with the facts of its headers.
     def work() -> None:
         with urllib3.PoolManager() as pool:
+            assert pool.request("GET", server.url()).status == 200
+            assert in_flight() == 0
             response = pool.request("HEAD", server.url(), preload_content=False)
             assert in_flight() == 0
             assert response.status == 200
 
     await in_thread(work)
-    request = telemetry.request()
-    assert failure(request) == (None, None)
-    assert set(telemetry.phases(request)) >= {"send", "wait", "receive"}
+    for request in telemetry.requests():
+        assert failure(request) == (None, None)
+        assert attributes(request)["http.response.status_code"] == 200
+        assert attributes(request)["http.response.header.x-request-id"] == ("req_test_123",)
+        assert set(telemetry.phases(request)) >= {"send", "wait", "receive"}
+    assert len(telemetry.requests()) == 2
 
 
 async def test_body_read(telemetry: Telemetry, server: LLMServer) -> None:
