@@ -18,7 +18,6 @@ import sys
 import threading
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol
 
 import wrapt
@@ -32,9 +31,6 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from llm_latency import emitter as emitting
 from llm_latency import semconv
 from llm_latency.adapters._patching import Unavailable, module_installed
-from llm_latency.adapters.httpcore import HttpcoreAdapter
-from llm_latency.adapters.litellm import LiteLLMAdapter
-from llm_latency.adapters.sdks import SdkAdapter
 from llm_latency.emitter import Emitter
 from llm_latency.headers import resolve_capture_list
 from llm_latency.version import __version__
@@ -85,8 +81,8 @@ class Target:
         return None
 
 
-# The aiohttp and requests adapters import their library: they are imported only once the
-# program has imported it.
+# Each adapter module is imported when its library is: ``import llm_latency`` pays for none
+# of them (the aiohttp and requests adapters import their library).
 
 
 def _aiohttp(emitter: Emitter) -> Adapter:
@@ -101,38 +97,60 @@ def _requests(emitter: Emitter) -> Adapter:
     return RequestsAdapter(emitter)
 
 
+def _litellm(emitter: Emitter) -> Adapter:
+    from llm_latency.adapters.litellm import LiteLLMAdapter
+
+    return LiteLLMAdapter(emitter)
+
+
+def _httpcore(module: str) -> AdapterFactory:
+    """The adapter of ``httpcore`` or ``httpcore2``."""
+
+    def make(emitter: Emitter) -> Adapter:
+        from llm_latency.adapters.httpcore import HttpcoreAdapter
+
+        return HttpcoreAdapter(emitter, module)
+
+    return make
+
+
+def _sdk(sdk: str) -> AdapterFactory:
+    """The adapter of one SDK of ``adapters.sdks.SDK_CALLS``."""
+
+    def make(emitter: Emitter) -> Adapter:
+        from llm_latency.adapters.sdks import SdkAdapter
+
+        return SdkAdapter(emitter, sdk)
+
+    return make
+
+
 #: Client name -> what it hooks. The ranges are the versions CI tests (oldest and newest).
 CLIENTS: dict[str, Target] = {
     "aiohttp": Target("aiohttp", "aiohttp >= 3.12.11, < 4", _aiohttp),
-    "httpx": Target(
-        "httpcore", "httpcore >= 1.0.9, < 2", partial(HttpcoreAdapter, module="httpcore")
-    ),
-    "httpx2": Target(
-        "httpcore2", "httpcore2 >= 2.7, < 3", partial(HttpcoreAdapter, module="httpcore2")
-    ),
+    "httpx": Target("httpcore", "httpcore >= 1.0.9, < 2", _httpcore("httpcore")),
+    "httpx2": Target("httpcore2", "httpcore2 >= 2.7, < 3", _httpcore("httpcore2")),
     "requests": Target("urllib3", "urllib3 >= 2.0.2, < 3", _requests),
 }
 
 #: SDKs whose calls get one logical parent span around their retries (always, when installed).
 SDKS: dict[str, Target] = {
-    "openai": Target("openai", "openai >= 3.0, < 4", partial(SdkAdapter, sdk="openai")),
-    "anthropic": Target("anthropic", "anthropic >= 2.0, < 3", partial(SdkAdapter, sdk="anthropic")),
-    "groq": Target("groq", "groq >= 1.0, < 2", partial(SdkAdapter, sdk="groq")),
-    "google-genai": Target(
-        "google.genai", "google-genai >= 3.0, < 4", partial(SdkAdapter, sdk="google-genai")
-    ),
+    "openai": Target("openai", "openai >= 3.0, < 4", _sdk("openai")),
+    "anthropic": Target("anthropic", "anthropic >= 2.0, < 3", _sdk("anthropic")),
+    "groq": Target("groq", "groq >= 1.0, < 2", _sdk("groq")),
+    "google-genai": Target("google.genai", "google-genai >= 3.0, < 4", _sdk("google-genai")),
     # mistralai 2 and later are a namespace package (an import hook on it never runs) with
     # the SDK under mistralai.client; 1.x is the package itself.
     "mistralai": Target(
         "mistralai.client.basesdk",
         "mistralai >= 1.5, < 4",
-        partial(SdkAdapter, sdk="mistralai"),
+        _sdk("mistralai"),
         older_module="mistralai",
     ),
-    "cohere": Target("cohere", "cohere >= 7.0, < 8", partial(SdkAdapter, sdk="cohere")),
+    "cohere": Target("cohere", "cohere >= 7.0, < 8", _sdk("cohere")),
     # Bedrock's runtimes only (aiobotocore's AioBaseClient overrides the hooked method).
-    "botocore": Target("botocore", "botocore >= 1.35, < 2", partial(SdkAdapter, sdk="botocore")),
-    "litellm": Target("litellm", "litellm >= 1.83.0, < 2", LiteLLMAdapter),
+    "botocore": Target("botocore", "botocore >= 1.35, < 2", _sdk("botocore")),
+    "litellm": Target("litellm", "litellm >= 1.83.0, < 2", _litellm),
 }
 
 
