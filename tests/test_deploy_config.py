@@ -749,12 +749,14 @@ def test_prometheus_ingests_created_timestamps_which_come_in_the_protobuf_format
 def test_collector_sends_traces_to_jaeger_over_otlp() -> None:
     compose = load_yaml(COLLECTOR_CONFIG)
     assert compose["exporters"]["otlp_grpc/jaeger"]["endpoint"] == "jaeger:4317"
+    # every address in the compose network (0.0.0.0) unless the environment names one: make e2e
+    # runs each service on a loopback address of its own
     assert load_yaml(JAEGER_CONFIG)["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] == (
-        "0.0.0.0:4317"
+        "${env:JAEGER_LISTEN_HOST:-0.0.0.0}:4317"
     )
     receivers = compose["receivers"]["otlp"]["protocols"]
-    assert receivers["grpc"]["endpoint"] == "0.0.0.0:4317"
-    assert receivers["http"]["endpoint"] == "0.0.0.0:4318"
+    assert receivers["grpc"]["endpoint"] == "${env:OTELCOL_LISTEN_HOST:-0.0.0.0}:4317"
+    assert receivers["http"]["endpoint"] == "${env:OTELCOL_LISTEN_HOST:-0.0.0.0}:4318"
     assert compose["service"]["pipelines"]["traces"]["processors"][0].startswith("memory_limiter")
 
 
