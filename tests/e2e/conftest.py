@@ -28,6 +28,21 @@ ALERT_SECONDS = 150.0
 
 RULES = ROOT / "deploy" / "compose" / "prometheus" / "rules"
 
+#: What the checks saw, printed at the end of the run (the numbers behind deploy/README.md's
+#: "What was checked").
+SEEN: list[str] = []
+
+
+def report(line: str) -> None:
+    SEEN.append(line)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if SEEN:
+        terminalreporter.section("what the bundle showed")
+        for line in SEEN:
+            terminalreporter.write_line(line)
+
 
 @dataclass
 class Workload:

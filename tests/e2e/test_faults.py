@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.bundle import ADDRESSES, get_json, wait_for
-from tests.e2e.conftest import Run, Workload, start_workload
+from tests.e2e.conftest import Run, Workload, report, start_workload
 from tests.e2e.test_metrics import query
 from tests.e2e.test_traces import jaeger_traces
 
@@ -66,6 +66,11 @@ def test_jaeger_down_for_20_s_loses_no_metric_and_no_trace_of_the_outage(run: Ru
         what="the outage's traces",
     )
     assert set(recorded) <= set(shown)
+    gap = max(b - a for a, b in itertools.pairwise(times))
+    report(
+        f"Jaeger down {OUTAGE_S:.0f} s: {len(recorded)} traces of the outage arrived after it;"
+        f" metrics: {len(samples)} samples, longest gap {gap:.0f} s"
+    )
 
 
 def _warnings(workload: Workload) -> list[str]:
@@ -115,7 +120,8 @@ def test_collector_killed_the_program_goes_on_and_data_flows_after_a_restart(run
     assert int(calls) > 40 / 0.2 * 0.5  # it went on calling through the outage
     warnings = _warnings(workload)
     assert len(warnings) == 1 and warnings[0].startswith("llm-latency: could not export"), warnings
-    assert _exit_seconds(workload, exited) < 5
+    exit_seconds = _exit_seconds(workload, exited)
+    assert exit_seconds < 5
     # After the restart: new traces in Jaeger, and the request count grows in Prometheus.
 
     def after_restart() -> list[Any]:
@@ -124,7 +130,12 @@ def test_collector_killed_the_program_goes_on_and_data_flows_after_a_restart(run
             t for t, spans in traces.items() if min(s["startTime"] for s in spans) / 1e6 > restarted
         ]
 
-    assert len(wait_for(after_restart, timeout=60, what="traces after the restart")) > 10
+    after = wait_for(after_restart, timeout=60, what="traces after the restart")
+    assert len(after) > 10
+    report(
+        f"collector killed 10 s: {calls} calls went on, 1 warning line, exit {exit_seconds:.2f} s"
+        f" after the work; {len(after)} traces after the restart"
+    )
     count = 'max(http_client_request_duration_seconds_count{job="e2e-restart"})'
     wait_for(lambda: query(run, f"{count} > 0"), timeout=60, what="the count after the restart")
 
@@ -141,6 +152,7 @@ def test_collector_down_at_exit_costs_one_warning_and_about_a_second(run: Run) -
         )
         seconds = _exit_seconds(workload, exited)
         assert seconds < 1.0 + 1.0, seconds  # setup.EXIT_BUDGET_S, and the interpreter's own exit
+        report(f"collector down at exit: 1 warning line, exit {seconds:.2f} s after the work")
     finally:
         run.collector.start()
 

@@ -17,7 +17,7 @@ from tests.deploy_workload import (
     substitute,
 )
 from tests.e2e.bundle import get_json, wait_for
-from tests.e2e.conftest import ALERT_SECONDS, Run
+from tests.e2e.conftest import ALERT_SECONDS, Run, report
 
 #: The scenario (host name) of tests/e2e/workload.py's ``alerts`` mode that makes each rule's
 #: expression true. LLMNoRequests is about a job, not a host: see its own test.
@@ -66,6 +66,7 @@ def test_the_scenario_of_each_alert_makes_its_expression_true(run: Run, alert: s
         what=f"{alert} on {scenario}",
     )
     assert "healthy.test" not in found
+    report(f"{alert}: expression true for {', '.join(sorted(found))}")
 
 
 def test_no_requests_fires_when_a_job_stops_calling(run: Run) -> None:
@@ -93,7 +94,11 @@ def test_an_alert_reaches_alertmanager(run: Run) -> None:
     hosts = {alert["labels"]["server_address"] for alert in alerts}
     # every host with more than 5 % of 429s: the scenario's, and those whose retried calls got one
     assert "rate-limited.test" in hosts and "healthy.test" not in hosts
-    assert all(alert["labels"]["job"] == "e2e-alerts" for alert in alerts)
+    report(f"Alertmanager received LLMRateLimitedNow (for: 0s) for {', '.join(sorted(hosts))}")
+    (scenario,) = [
+        alert for alert in alerts if alert["labels"]["server_address"] == "rate-limited.test"
+    ]
+    assert scenario["labels"]["job"] == "e2e-alerts"
     assert all(alert["annotations"]["runbook"] for alert in alerts)
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.e2e.bundle import ADDRESSES, HELM, get_json, wait_for
-from tests.e2e.conftest import Run, Workload, start_workload
+from tests.e2e.conftest import Run, Workload, report, start_workload
 
 GATEWAY = HELM / "otel-collector-gateway.values.yaml"
 AGENT = HELM / "otel-collector-agent.values.yaml"
@@ -141,3 +141,7 @@ def test_healthy_fast_traces_are_sampled_at_the_configured_rate(
     deviation = math.sqrt(len(healthy) * share * (1 - share))
     # four standard deviations either side: about one run in 16,000 outside by chance
     assert mean - 4 * deviation <= kept <= mean + 4 * deviation, (kept, mean)
+    report(
+        f"tail sampling: kept {kept} of {len(healthy)} healthy traces (expected {mean:.0f}),"
+        " every error and slow trace whole"
+    )

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.e2e.bundle import COMPOSE, get_json, wait_for
-from tests.e2e.conftest import Run
+from tests.e2e.conftest import Run, report
 
 #: The calls tests/e2e/workload.py makes in ``calls`` mode, one trace each: three openai calls,
 #: a stream, a call retried after a 429, two fresh aiohttp requests, a burst of six, a refused
@@ -91,6 +91,10 @@ def test_jaeger_has_every_calls_trace_as_the_program_exported_it(
 
     traces = wait_for(complete, timeout=60, what=f"every span of {workload.service} in Jaeger")
     assert set(traces) == set(recorded)
+    count = sum(len(trace) for trace in traces.values())
+    report(
+        f"Jaeger, OTLP/{protocol}: {len(traces)} traces of {CALLS} calls, {count} spans, as exported"
+    )
     for trace_id, spans in recorded.items():
         shown = sorted(
             (as_jaeger_shows(span) for span in traces[trace_id]), key=lambda s: s["span_id"]
@@ -211,3 +215,7 @@ def test_the_monitor_tab_answers_in_milliseconds_that_agree_with_the_spans(
     assert calls[operation] == pytest.approx(attempts / 600, rel=0.15)
     # the share of errors: one attempt refused, one 429
     assert errors[operation] == pytest.approx(2 / attempts, abs=0.01)
+    report(
+        f"Monitor tab, OTLP/{protocol}: p95 {latencies[operation]:.1f} ms (spans: {true_p95:.1f} ms),"
+        f" {calls[operation]:.4f} calls/s ({attempts} in 10 min), error rate {errors[operation]:.3f}"
+    )
