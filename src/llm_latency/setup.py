@@ -16,12 +16,12 @@ itself, from the standard ``OTEL_*`` variables:
 
 A collector that cannot be reached costs one warning line (the exporters' own repeated errors
 are held back) and about a second at exit (the last export gets that long when exports are
-failing or none has been confirmed yet).
+failing or none has been confirmed yet). What the SDK holds is flushed at every end of the
+process, forks included (``lifecycle``).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import threading
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 
-#: How long the exit waits for the last export, unless exports are known to be working.
-EXIT_BUDGET_S = 1.0
 _OTLP_BY_PROTOCOL = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
 
 _lock = threading.Lock()
@@ -141,6 +139,7 @@ def _configure() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from llm_latency import lifecycle
     from llm_latency.export_health import ExportHealth, QuietMetricExporter, QuietSpanExporter
 
     health = ExportHealth()
@@ -164,4 +163,4 @@ def _configure() -> None:
     )
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
-    atexit.register(health.shut_down, tracer_provider, meter_provider, EXIT_BUDGET_S)
+    lifecycle.own(tracer_provider, meter_provider, health)
