@@ -7,12 +7,15 @@ line and the stop takes at most about a second longer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,3 +237,76 @@ async def test_a_plain_program_stopped_by_sigterm_exports_and_still_dies_of_it(
     assert down.returncode == -signal.SIGTERM
     assert len(down.warnings()) == 1, down.stderr
     assert down.stop - up.stop < 2.0, (down.stop, up.stop)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """Debian's redis-server on a free loopback port, in memory only: the broker's URL."""
+    port = unused_port()
+    process = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def celery_run(broker: str, endpoint: str, server: LLMServer) -> Stopped:
+    """A prefork Celery worker of 2 processes runs REQUESTS tasks, then SIGTERM at once (its
+    warm shutdown) when the LLM server has seen them all."""
+    from celery import Celery
+
+    env = environment(endpoint, server.url(), BROKER=broker)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tests.programs.celery_tasks", "worker",
+         "--pool", "prefork", "--concurrency", "2", "--loglevel", "WARNING", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    client = Celery("client", broker=broker)
+    try:
+        seen = len(server.requests)
+        for _ in range(REQUESTS):
+            client.send_task("tests.programs.celery_tasks.call", args=[server.url()])
+        deadline = time.monotonic() + 60
+        while len(server.requests) < seen + REQUESTS:
+            assert time.monotonic() < deadline, "the tasks did not run"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        stdout, stderr = worker.communicate(timeout=60)
+        return Stopped(time.monotonic() - sent, worker.returncode, stdout, stderr)
+    finally:
+        client.close()
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+
+
+async def test_celery_prefork_children_export_every_task(server: LLMServer) -> None:
+    receiver = OTLPReceiver()
+    try:
+        with redis_server() as broker:
+            up = await asyncio.to_thread(celery_run, broker, receiver.endpoint, server)
+            down_endpoint = f"http://127.0.0.1:{unused_port()}"
+            down = await asyncio.to_thread(celery_run, broker, down_endpoint, server)
+    finally:
+        receiver.stop()
+    assert up.warnings() == [], up.stderr
+    assert len(receiver.request_spans) == REQUESTS
+    assert receiver.duplicated_spans() == []
+    assert receiver.duration_count == REQUESTS
+    assert 1 <= len(down.warnings()) <= 2, down.stderr
+    assert down.stop - up.stop < 2.5, (down.stop, up.stop)
