@@ -84,3 +84,4 @@ def uninstrument() -> None:
     instrumentor = LLMLatencyInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.uninstrument()
+        use_providers(None, None)

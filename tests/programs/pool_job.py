@@ -5,6 +5,9 @@ set up by nobody (llm-latency then sets it up from ``OTEL_*``).
     python tests/programs/pool_job.py spawn|fork URL N   ProcessPoolExecutor, 2 processes
     python tests/programs/pool_job.py exit URL N         a fork Process that ends with sys.exit(3)
     python tests/programs/pool_job.py plain URL N        N calls, prints READY, waits for SIGTERM
+    python tests/programs/pool_job.py flush URL N        N calls, llm_latency.flush(), prints
+                                                         FLUSHED, its result and its seconds,
+                                                         then waits (frozen) to be killed
 """
 
 from __future__ import annotations
@@ -43,10 +46,15 @@ def main(mode: str, url: str, n: int) -> None:
         process.start()
         process.join()
         print("EXITCODE", process.exitcode, flush=True)
-    elif mode == "plain":
+    elif mode in ("plain", "flush"):
         for _ in range(n):
             call(url)
-        print("READY", flush=True)
+        if mode == "flush":
+            start = time.monotonic()
+            flushed = llm_latency.flush(timeout=1.0)
+            print("FLUSHED", flushed, time.monotonic() - start, flush=True)
+        else:
+            print("READY", flush=True)
         while True:
             time.sleep(1)
     print("DONE", time.monotonic(), flush=True)
