@@ -33,15 +33,16 @@ REQUESTS = 12
 
 
 def environment(endpoint: str, upstream: str, **extra: str) -> dict[str, str]:
-    """A new user's environment: the endpoint, nothing else of OpenTelemetry's."""
+    """A new user's environment: the endpoint, nothing else of OpenTelemetry's (``extra`` may
+    set another PYTHONPATH, to run another checkout's llm-latency: bench/stopping.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
         OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="delta",  # see tests/otlp_receiver
         UPSTREAM=upstream,
         PYTHONPATH=str(ROOT),
-        **extra,
     )
+    env.update(extra)
     return env
 
 
@@ -70,15 +71,18 @@ def get(url: str, deadline: float) -> None:
             time.sleep(0.1)
 
 
-def serve_and_stop(command: list[str], port: int, env: dict[str, str]) -> Stopped:
-    """Start the service, send it REQUESTS requests, then SIGTERM at once."""
+def serve_and_stop(
+    command: list[str], port: int, env: dict[str, str], n: int = REQUESTS, wait: float = 0.0
+) -> Stopped:
+    """Start the service, send it ``n`` requests, then SIGTERM ``wait`` seconds after."""
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         deadline = time.monotonic() + 60
-        for _ in range(REQUESTS):
+        for _ in range(n):
             get(f"http://127.0.0.1:{port}/", deadline)
+        time.sleep(wait)
         process.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         stdout, stderr = process.communicate(timeout=60)
@@ -165,12 +169,14 @@ async def test_a_preloaded_master_exports_its_own_and_workers_only_theirs(
     assert receiver.duration_count == REQUESTS + 1
 
 
-def run_job(mode: str, endpoint: str, url: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def run_job(
+    mode: str, endpoint: str, url: str, n: int = REQUESTS, **env: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
     """The job to its end; the seconds from its last line of work (DONE) to its exit."""
     result = subprocess.run(
-        [sys.executable, str(POOL_JOB), mode, url, str(REQUESTS)],
-        cwd=ROOT, env=environment(endpoint, url), capture_output=True, text=True, timeout=60,
-        check=False,
+        [sys.executable, str(POOL_JOB), mode, url, str(n)],
+        cwd=ROOT, env=environment(endpoint, url, **env), capture_output=True, text=True,
+        timeout=60, check=False,
     )  # fmt: skip
     ended = time.monotonic()
     assert result.returncode == 0, result.stderr
@@ -200,11 +206,11 @@ async def test_a_process_pool_exports_every_request(server: LLMServer, mode: str
     assert down_exit - up_exit < 2.5, (down_exit, up_exit)
 
 
-def run_plain(endpoint: str, url: str) -> Stopped:
+def run_plain(endpoint: str, url: str, n: int = REQUESTS, **env: str) -> Stopped:
     """``python app.py``: its calls, then SIGTERM at once."""
     process = subprocess.Popen(
-        [sys.executable, str(POOL_JOB), "plain", url, str(REQUESTS)],
-        cwd=ROOT, env=environment(endpoint, url), stdout=subprocess.PIPE,
+        [sys.executable, str(POOL_JOB), "plain", url, str(n)],
+        cwd=ROOT, env=environment(endpoint, url, **env), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -263,12 +269,14 @@ def redis_server() -> Iterator[str]:
         process.wait(10)
 
 
-def celery_run(broker: str, endpoint: str, server: LLMServer) -> Stopped:
-    """A prefork Celery worker of 2 processes runs REQUESTS tasks, then SIGTERM at once (its
+def celery_run(
+    broker: str, endpoint: str, server: LLMServer, n: int = REQUESTS, **extra: str
+) -> Stopped:
+    """A prefork Celery worker of 2 processes runs ``n`` tasks, then SIGTERM at once (its
     warm shutdown) when the LLM server has seen them all."""
     from celery import Celery
 
-    env = environment(endpoint, server.url(), BROKER=broker)
+    env = environment(endpoint, server.url(), BROKER=broker, **extra)
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.programs.celery_tasks", "worker",
          "--pool", "prefork", "--concurrency", "2", "--loglevel", "WARNING", "--without-gossip",
@@ -278,10 +286,10 @@ def celery_run(broker: str, endpoint: str, server: LLMServer) -> Stopped:
     client = Celery("client", broker=broker)
     try:
         seen = len(server.requests)
-        for _ in range(REQUESTS):
+        for _ in range(n):
             client.send_task("tests.programs.celery_tasks.call", args=[server.url()])
         deadline = time.monotonic() + 60
-        while len(server.requests) < seen + REQUESTS:
+        while len(server.requests) < seen + n:
             assert time.monotonic() < deadline, "the tasks did not run"
             time.sleep(0.05)
         worker.send_signal(signal.SIGTERM)

@@ -115,8 +115,9 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     For jobs and serverless handlers that freeze between invocations, where nothing ends the
     process: call it at the end of each invocation. It flushes the providers llm-latency's
     spans and metrics go to: those given to ``instrument()``, else the global ones (set up by
-    the program or by llm-latency). An unreachable collector costs ``timeout`` and, when
-    llm-latency set the SDK up, one warning line for the life of the process.
+    the program or by llm-latency). An unreachable collector costs ``timeout`` once (later
+    flushes return False at once while the exporters still wait on it) and, when llm-latency
+    set the SDK up, one warning line for the life of the process.
     """
     owned = _owned
     if owned is not None and _given == (None, None):
@@ -134,8 +135,18 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     return done
 
 
+_stuck: threading.Thread | None = None
+
+
 def _within(timeout: float, calls: list[Callable[[], object]]) -> bool:
-    """Run ``calls`` one after the other in a thread; whether they ended within ``timeout``."""
+    """Run ``calls`` one after the other in a thread; whether they ended within ``timeout``.
+
+    While an earlier flush is still waiting on the exporters (the collector is down), a new
+    one could only wait behind it: it returns False at once, and what it would have sent goes
+    with a later flush, or at the end of the process."""
+    global _stuck
+    if _stuck is not None and _stuck.is_alive():
+        return False
     results: list[object] = []
 
     def run() -> None:
@@ -149,7 +160,10 @@ def _within(timeout: float, calls: list[Callable[[], object]]) -> bool:
     worker = threading.Thread(target=run, name="llm-latency-flush", daemon=True)
     worker.start()
     worker.join(timeout)
-    return not worker.is_alive() and all(result is not False for result in results)
+    if worker.is_alive():
+        _stuck = worker
+        return False
+    return all(result is not False for result in results)
 
 
 # -- where each end of a process is reached ---------------------------------------------------
@@ -246,6 +260,8 @@ def _on_sigterm(signum: int, _frame: FrameType | None) -> None:
 
 
 def _after_fork_in_child() -> None:
+    global _stuck
+    _stuck = None
     event_loop.stop_all()  # the parent's monitors: the child's loops get new ones
     owned = _owned
     if owned is None:
