@@ -215,6 +215,11 @@ def _patch_uvicorn(_module: object) -> None:
     hook = Hook(lambda _instance, _args, _kwargs: None, after_shutdown)
     if patches.group("flush at shutdown", [("uvicorn.server:Server", "shutdown", hook)]):
         _uvicorn_patches.append(patches)
+    else:
+        _logger.warning(
+            "llm-latency: what is buffered when uvicorn is stopped by a signal may be lost (%s)",
+            "; ".join(patches.lost),
+        )
 
 
 def _hook_celery() -> None:

@@ -41,6 +41,8 @@ def main(mode: str, url: str, n: int) -> None:
         context = multiprocessing.get_context(mode)
         with ProcessPoolExecutor(2, mp_context=context) as pool:
             assert list(pool.map(call, [url] * n)) == [200] * n
+            print("DONE", time.monotonic(), flush=True)  # the children end from here
+        return
     elif mode == "exit":
         process = multiprocessing.get_context("fork").Process(target=calls_then_exit, args=(url, n))
         process.start()
