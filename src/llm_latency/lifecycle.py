@@ -71,7 +71,9 @@ class _Owned:
 _owned: _Owned | None = None
 #: The providers passed to ``instrument()``, flushed by :func:`flush` (None: the global ones).
 _given: tuple[Any, Any] = (None, None)
-_end_lock = threading.Lock()
+_end_lock = threading.RLock()
+#: The end of this process under way (a thread running :func:`_shut_down`).
+_ending: threading.Thread | None = None
 
 
 def use_providers(tracer_provider: Any, meter_provider: Any) -> None:
@@ -93,14 +95,28 @@ def own(tracer_provider: Any, meter_provider: Any, health: Any) -> None:
 
 def end_of_process() -> None:
     """Flush and shut the providers llm-latency set up down, once per process, within the
-    budget (past it, what is left is dropped). Never raises."""
+    budget (past it, what is left is dropped). Never raises.
+
+    A second end while the first is under way (a SIGTERM that arrives during the ``atexit``
+    flush: hypercorn's master terminates the workers still stopping) waits for the first,
+    instead of letting the process die in the middle of it."""
+    global _ending
     owned = _owned
     if owned is None:
         return
-    with _end_lock:
-        if owned.ended_in == os.getpid():
-            return
-        owned.ended_in = os.getpid()
+    with _end_lock:  # reentrant: a signal handler may run in the thread that holds it
+        if owned.ended_in != os.getpid():
+            owned.ended_in = os.getpid()
+            _ending = threading.Thread(
+                target=_shut_down, args=(owned,), name="llm-latency-end", daemon=True
+            )
+            _ending.start()
+        ending = _ending
+    if ending is not None:
+        ending.join(WORKING_BUDGET_S + 1.0)  # shut_down keeps within its budget
+
+
+def _shut_down(owned: _Owned) -> None:
     try:
         owned.health.shut_down(
             owned.tracer_provider, owned.meter_provider, EXIT_BUDGET_S, WORKING_BUDGET_S
@@ -265,8 +281,9 @@ def _on_sigterm(signum: int, _frame: FrameType | None) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _stuck
-    _stuck = None
+    global _stuck, _ending, _end_lock
+    _stuck = _ending = None
+    _end_lock = threading.RLock()
     event_loop.stop_all()  # the parent's monitors: the child's loops get new ones
     owned = _owned
     if owned is None:
