@@ -41,11 +41,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
 from llm_latency import event_loop
+
+if TYPE_CHECKING:  # the SDK is an extra: imported only where llm-latency sets it up
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from llm_latency.export_health import ExportHealth
 
 _logger = logging.getLogger(__name__)
 
@@ -61,9 +67,9 @@ FLUSH_TIMEOUT_S = 1.0
 class _Owned:
     """The SDK llm-latency set up in this process (or in a parent before a fork)."""
 
-    tracer_provider: Any
-    meter_provider: Any
-    health: Any  # export_health.ExportHealth
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+    health: ExportHealth
     #: The process that has already flushed and shut the providers down at its end.
     ended_in: int | None = None
 
@@ -82,7 +88,9 @@ def use_providers(tracer_provider: Any, meter_provider: Any) -> None:
     _given = (tracer_provider, meter_provider)
 
 
-def own(tracer_provider: Any, meter_provider: Any, health: Any) -> None:
+def own(
+    tracer_provider: TracerProvider, meter_provider: MeterProvider, health: ExportHealth
+) -> None:
     """llm-latency set these providers up: deliver what they hold at every end of the process."""
     global _owned
     _owned = _Owned(tracer_provider, meter_provider, health)
@@ -136,6 +144,7 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
     set the SDK up, one warning line for the life of the process.
     """
     owned = _owned
+    providers: list[object]
     if owned is not None and _given == (None, None):
         providers = [owned.tracer_provider, owned.meter_provider]
     else:
@@ -144,7 +153,8 @@ def flush(timeout: float = FLUSH_TIMEOUT_S) -> bool:
             given_tracer or trace.get_tracer_provider(),
             given_meter or metrics.get_meter_provider(),
         ]
-    flushes = [p.force_flush for p in providers if callable(getattr(p, "force_flush", None))]
+    found = (getattr(p, "force_flush", None) for p in providers)
+    flushes: list[Callable[[], object]] = [call for call in found if callable(call)]
     done = _within(timeout, flushes)
     if not done and owned is not None:
         owned.health.timed_out(timeout)
