@@ -1,5 +1,5 @@
 # make test: a virtual environment with the package and its test extras, then the whole suite
-# (lint, types, tests). make demo: llm-latency demo, scenes against a built-in loopback server.
+# (lint, types, the docs site, the release files, tests). make demo: llm-latency demo, scenes against a built-in loopback server.
 # CONSTRAINTS=FILE installs under pip's -c FILE, e.g. the oldest supported set CI also tests:
 #   make test VENV=.venv-oldest CONSTRAINTS=constraints/oldest.txt
 # mypy checks the code against the annotations of the newest dependencies only (older releases
@@ -12,7 +12,7 @@ TYPECHECK ?= $(if $(CONSTRAINTS),no,yes)
 PY := $(VENV)/bin/python
 PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: test demo bench lint clean
+.PHONY: test demo bench lint docs dist clean e2e
 
 $(VENV)/.test-installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +51,32 @@ PROMETHEUS3 := .tools/prometheus3/usr/bin/prometheus
 $(PROMETHEUS3):
 	bash .ci/prometheus3
 
-test: lint $(PROMETHEUS3)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+# The documentation site, strictly: a broken link or a page missing from the navigation fails.
+docs: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
+
+# The release files: sdist and wheel in dist/, checked by twine (metadata, README rendering).
+dist: $(VENV)/.test-installed
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+
+test: lint docs dist $(PROMETHEUS3)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --ignore=tests/e2e
+
+# make e2e: the deploy bundle run for real on loopback (tests/e2e/). deploy/build/build-bundle
+# builds the Collector, Jaeger, Prometheus and Alertmanager from their Go modules at the
+# versions docker-compose.yaml pins, into BUNDLE_BUILDS (a build per version: cold about 20
+# minutes on 2 cores, then seconds). Needs Go and root (or user namespaces): each service runs
+# in a mount namespace of its own with the compose service names in its /etc/hosts.
+BUNDLE_BUILDS ?= .tools/bundle
+E2E_TESTS := tests/e2e/test_traces.py tests/e2e/test_metrics.py \
+	tests/e2e/test_tail_sampling.py tests/e2e/test_faults.py
+
+e2e: $(VENV)/.test-installed
+	deploy/build/build-bundle $(BUNDLE_BUILDS)
+	LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \
+		--timeout 900 $(E2E_TESTS)
 
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/llm-latency demo
@@ -61,4 +85,4 @@ bench: $(VENV)/.test-installed
 	$(PY) bench/overhead.py
 
 clean:
-	rm -rf $(VENV) .venv-oldest .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-oldest .mypy_cache .ruff_cache .pytest_cache dist site

@@ -185,6 +185,7 @@ def test_demo_prints_every_scene() -> None:
     result = run_cli_process("demo", timeout=120)
     assert result.returncode == 0, result.stderr
     out = result.stdout
+    assert not [line for line in out.splitlines() if line != line.rstrip()]  # no trailing spaces
     for scene in ("1a.", "1b.", "2a.", "2b.", "3.", "4."):
         assert f"\n{scene} " in out
     assert out.count("→ ") == 6

@@ -19,7 +19,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 
 from llm_latency import console_exporter
 from llm_latency.console_exporter import LLMLatencyConsoleSpanExporter
-from llm_latency.diagnosis.findings import NBSP
 from tests.command_line import mock_server
 from tests.conftest import Telemetry
 from tests.provider_api import ProviderServer, provider_server
@@ -28,11 +27,12 @@ from tests.servers import LLMServer
 #: instrument(), two chat completions with the openai SDK, and a line of its own.
 APP = Path(__file__).parent / "programs" / "openai_calls.py"
 REQUEST_ID = r"req_[0-9a-f]{24}"
-MS = rf"[\d.]+{NBSP}(?:µs|ms)"
+MS = r"[\d.]+ (?:µs|ms)"
 
 
 def run_app(base_url: str, *prefix: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    environment.pop("COLUMNS", None)  # written to a pipe: lines are not broken
     environment.update(OTEL_TRACES_EXPORTER="llm_latency_console", OTEL_METRICS_EXPORTER="none")
     environment.update(env)
     return subprocess.run(
@@ -52,7 +52,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     assert result.stdout == "the program's own output\n"  # the trees go to stderr
     assert "sk-never-printed" not in result.stderr
     first, second = blocks(result.stderr)
-    assert re.fullmatch(rf"{call_name} +0{NBSP}µs \+ +{MS}  attempts=1", first[0]), first[0]
+    assert re.fullmatch(rf"{call_name} +0 µs \+ +{MS}  attempts=1", first[0]), first[0]
     assert re.fullmatch(
         rf"  POST /v1/chat/completions +{MS} \+ +{MS}  status_code=200 connection=new "
         rf"request_id={REQUEST_ID} server={MS}",
@@ -63,7 +63,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     ]  # fmt: skip
     assert first[6].startswith("→ ")  # its findings (which ones depends on the timing)
 
-    assert re.fullmatch(rf"{call_name} +0{NBSP}µs \+ +{MS}  attempts=2 backoff={MS}", second[0])
+    assert re.fullmatch(rf"{call_name} +0 µs \+ +{MS}  attempts=2 backoff={MS}", second[0])
     assert re.fullmatch(
         rf"  POST /v1/chat/completions +{MS} \+ +{MS}  status_code=429 connection=pooled "
         rf"request_id={REQUEST_ID} retry-after-ms=250 server={MS}",
@@ -71,7 +71,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     ), second[1]
     assert [line.split()[0] for line in second[2:5]] == ["http.send", "http.wait", "http.receive"]
     backoff = re.fullmatch(
-        rf"  retry\.backoff +{MS} \+ +([\d.]+){NBSP}ms  reason=429 retry_after=250{NBSP}ms",
+        rf"  retry\.backoff +{MS} \+ +([\d.]+) ms  reason=429 retry_after=250 ms",
         second[5],
     )
     assert backoff is not None, second[5]
@@ -83,7 +83,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     ), second[6]
     assert [line.split()[0] for line in second[7:10]] == ["http.send", "http.wait", "http.receive"]
     assert any(
-        line.startswith("→ 1 of 2 attempts were rate limited (429) and 1 were retries")
+        line.startswith("→ 1 of 2 attempts were rate limited (429) and 1 was a retry")
         for line in second[10:]
     )
     ids = re.findall(REQUEST_ID, "\n".join(first + second))
@@ -111,7 +111,46 @@ def test_the_variable_under_opentelemetry_instrument() -> None:
     check_rate_limited_run(result, "chat gpt-test")
 
 
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_the_trees_fit_columns(columns: int) -> None:
+    """Under ``COLUMNS``, no line is wider: facts continue on lines of their own, findings wrap
+    at spaces, never between a number and its unit; the facts are all still there."""
+    with mock_server("--rate-limit-every", "2", "--ttfb", "0.05", "--tokens", "1") as mock:
+        result = run_app(mock.url.removesuffix("/chat/completions"), COLUMNS=str(columns))
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert max(len(line) for line in lines) <= columns, result.stderr
+    words = result.stderr.split()
+    assert "resend_count=1" in words and "reason=429" in words
+    assert len(re.findall(REQUEST_ID, result.stderr)) == 3
+    assert not re.search(
+        r"\d$", "\n".join(line for line in lines if re.search(r"^\s*(?:µs|ms|s)\b", line))
+    )
+    for number, line in enumerate(lines[1:], 1):  # a unit never starts a continuation line
+        assert not re.match(r"\s*(?:µs|ms|s)\b", line), (lines[number - 1], line)
+
+
+def test_opentelemetry_instrument_without_a_distro_says_why_there_are_no_spans() -> None:
+    """No distro, no configurator: nothing sets the SDK up, and one line says what to do."""
+    instrument = str(Path(sys.executable).with_name("opentelemetry-instrument"))
+    with mock_server("--ttfb", "0.05", "--tokens", "1") as mock:
+        result = run_app(
+            mock.url.removesuffix("/chat/completions"), instrument,
+            OTEL_PYTHON_DISTRO="none", OTEL_PYTHON_CONFIGURATOR="none",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("llm-latency: no OpenTelemetry SDK was set up") == 1, result.stderr
+    assert "pip install opentelemetry-distro" in result.stderr
+    assert "POST /v1/chat/completions" not in result.stderr  # indeed no spans
+
+
 # -- in process: batches, parents, the memory bound, shutdown ----------------------------------
+
+
+@pytest.fixture(autouse=True)
+def no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process exporters write to a StringIO: lines unbroken unless COLUMNS says."""
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @pytest.fixture

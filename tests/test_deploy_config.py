@@ -86,7 +86,7 @@ def test_compose_pins_every_image_and_uses_one_network() -> None:
     services = compose["services"]
     images = {name: service["image"] for name, service in services.items()}
     assert images["otel-collector"] == "otel/opentelemetry-collector-contrib:0.159.0"
-    assert images["jaeger"] == "jaegertracing/jaeger:2.19.0"
+    assert images["jaeger"] == "jaegertracing/jaeger:2.13.0"
     assert {"prometheus", "grafana", "alertmanager"} <= set(services)
     for name, image in images.items():
         repository, _, tag = image.rpartition(":")
@@ -105,7 +105,7 @@ def test_compose_pins_every_image_and_uses_one_network() -> None:
 #: released is not pinned.
 RELEASED_IMAGES = {
     "otel-collector": "otel/opentelemetry-collector-contrib:0.159.0",
-    "jaeger": "jaegertracing/jaeger:2.19.0",
+    "jaeger": "jaegertracing/jaeger:2.13.0",
     "prometheus": "prom/prometheus:v3.13.1",
     "alertmanager": "prom/alertmanager:v0.28.1",
     "grafana": "grafana/grafana:12.2.1",
@@ -883,7 +883,7 @@ def test_jaeger_chart_values_use_only_keys_of_the_chart() -> None:
     assert unknown_keys(values, chart) == []
     # The image tag goes where the Jaeger Deployment reads it, not the top-level `tag`.
     assert "tag" not in values
-    assert values["jaeger"]["image"]["tag"] == "2.19.0"
+    assert values["jaeger"]["image"]["tag"] == "2.13.0"
     requests = values["jaeger"]["resources"]["requests"]
     assert requests["cpu"] and requests["memory"]
     backends = values["userconfig"]["extensions"]["jaeger_storage"]["backends"]
@@ -948,3 +948,51 @@ def test_readme_gives_the_commands_urls_panels_and_alerts() -> None:
         assert text in readme, text
     for panel in dashboard_panels(json.loads(DASHBOARD.read_text()), rows=True):
         assert panel["title"] in readme, panel["title"]
+
+
+# -- one source of versions: compose's image tags ---------------------------------------------
+
+BUILDER_MANIFEST = DEPLOY / "build" / "otelcol-builder.yaml"
+BUILD_SCRIPT = DEPLOY / "build" / "build-bundle"
+
+
+def compose_tag(image: str) -> str:
+    services = load_yaml(COMPOSE_FILE)["services"]
+    (tag,) = [s["image"].rpartition(":")[2] for s in services.values() if s["image"].startswith(f"{image}:")]
+    return str(tag)
+
+
+def test_helm_and_the_reference_manifest_run_the_versions_compose_pins() -> None:
+    collector = compose_tag("otel/opentelemetry-collector-contrib")
+    for values in (HELM_AGENT, HELM_GATEWAY):
+        image = load_yaml(values)["image"]
+        assert (image["repository"], image["tag"]) == ("otel/opentelemetry-collector-contrib", collector)
+    assert load_yaml(reference(MANIFEST))["dist"]["version"] == collector
+    assert load_yaml(HELM_JAEGER)["jaeger"]["image"]["tag"] == compose_tag("jaegertracing/jaeger")
+
+
+def test_the_build_takes_every_version_from_compose() -> None:
+    """deploy/build/build-bundle reads each service's version from its compose image tag, and
+    the builder manifest names no version of its own."""
+    script = BUILD_SCRIPT.read_text()
+    for image in ("otel/opentelemetry-collector-contrib", "jaegertracing/jaeger", "prom/prometheus",
+                  "prom/alertmanager"):  # fmt: skip
+        assert f"$(tag {image})" in script
+    manifest = load_yaml(BUILDER_MANIFEST)
+    assert manifest["dist"]["version"] == "VERSION"
+    modules = [entry["gomod"] for kind in (*KINDS, "providers") for entry in manifest.get(kind, [])]
+    assert all(module.split()[1] in ("vVERSION", "vPROVIDERS_VERSION") for module in modules)
+
+
+def test_the_built_collector_has_exactly_the_components_the_configs_use() -> None:
+    manifest = load_yaml(BUILDER_MANIFEST)
+    for kind in KINDS:
+        suffix = kind[:-1]
+        built = {entry["gomod"].split()[0].rsplit("/", 1)[1].removesuffix(suffix)
+                 for entry in manifest.get(kind, [])}  # fmt: skip
+        used = {
+            MODULE_OF_TYPE.get(name.split("/")[0], name.split("/")[0].replace("_", ""))
+            for where, config in collector_configs().items()
+            for name in defined(config, kind, helm=where.startswith("helm"))
+        }
+        assert built == used, kind

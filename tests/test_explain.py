@@ -17,7 +17,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from llm_latency import trace_files
 from llm_latency.diagnosis import calls_from_spans, from_readable_spans
-from llm_latency.diagnosis.findings import NBSP
 from llm_latency.diagnosis.records import Call
 from llm_latency.testing import LocalDNS
 from tests.command_line import run_cli
@@ -29,6 +28,13 @@ from tests.trace_formats import jaeger_json, otlp_json_lines
 DATA = Path(__file__).parent / "data"
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 FORMATS = ["jaeger", "otlp"]
+
+
+@pytest.fixture(autouse=True)
+def no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """explain's lines are unbroken unless COLUMNS (or a terminal) says (see
+    test_explain_fits_columns)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @pytest.fixture
@@ -89,7 +95,7 @@ def rows(output: str) -> list[tuple[str, float, float, str]]:
     """The tree lines: (name with its indent, start s, duration s, facts)."""
     units = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
     found = []
-    pattern = rf"(\s*\S.*?)\s+([\d.]+){NBSP}(µs|ms|s) \+\s+([\d.]+){NBSP}(µs|ms|s)\s*(.*)"
+    pattern = r"(\s*\S.*?)\s+([\d.]+) (µs|ms|s) \+\s+([\d.]+) (µs|ms|s)\s*(.*)"
     for line in output.splitlines():
         match = re.fullmatch(pattern, line)
         if match:
@@ -148,9 +154,9 @@ async def test_explain_a_rate_limited_openai_call(
         "    http.wait",
         "    http.receive",
     ]
-    assert re.fullmatch(rf"attempts=2 backoff=\d+{NBSP}ms", names[0][1])
+    assert re.fullmatch(r"attempts=2 backoff=\d+ ms", names[0][1])
     assert names[1][1] == "status_code=429 connection=new request_id=req_429 retry-after-ms=150"
-    assert names[6][1] == f"reason=429 retry_after=150{NBSP}ms"
+    assert names[6][1] == "reason=429 retry_after=150 ms"
     assert names[7][1].startswith(
         "status_code=200 resend_count=1 connection=pooled request_id=req_openai_1 server="
     )
@@ -162,7 +168,7 @@ async def test_explain_a_rate_limited_openai_call(
     assert backoff_length >= 0.15 - 0.001  # the SDK waited as the server asked
     assert backoff_start < second_start  # in order, and inside the call
     assert second_start + second_length <= call_length * 1.01 + 0.001
-    assert "→ 1 of 2 attempts were rate limited (429) and 1 were retries" in output
+    assert "→ 1 of 2 attempts were rate limited (429) and 1 was a retry" in output
     assert "  fix: limit the request rate on the client side" in output
 
 
@@ -182,7 +188,7 @@ async def test_explain_fresh_connections_finds_them(
     dns_rows = [length for name, _, length, _ in table if name == "    http.dns"]
     assert len(dns_rows) == 4 and min(dns_rows) >= 0.03 - 0.001
     assert [facts for name, *_, facts in table if name.startswith("  POST")] == [
-        "status_code=200 connection=new request_id=req_test_123 server=10.0\u00a0ms"
+        "status_code=200 connection=new request_id=req_test_123 server=10.0 ms"
     ] * 4
     assert "→ 3 of 3 requests that could have used a pooled connection opened a new one" in output
     assert "  fix: reuse one client for all requests" in output
@@ -315,3 +321,15 @@ def test_files_without_llm_latency_spans_and_unreadable_files(tmp_path: Path) ->
         result = run_cli("explain", argument)
         assert result.returncode == 1
         assert (result.stdout, result.stderr) == ("", f"llm-latency: error: {message}\n")
+
+
+async def test_explain_fits_columns(
+    telemetry: Telemetry, provider: ProviderServer, tmp_path: Path
+) -> None:
+    """Under ``COLUMNS``, explain's trees and findings fit it, as the console exporter's do."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text(otlp_json_lines([await rate_limited_call(telemetry, provider)]))
+    result = run_cli("explain", str(path), env={"COLUMNS": "72"})
+    assert result.returncode == 0, result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 72
+    assert "retry-after-ms=150" in result.stdout.split()

@@ -112,7 +112,7 @@ def test_reset_as_duration_or_as_anthropics_timestamp() -> None:
 
 
 def providers_table() -> str:
-    """README's providers table, as the profiles give it."""
+    """docs/providers.md's table, as the profiles give it."""
 
     def names(items: Iterable[str]) -> str:
         return ", ".join(f"`{item}`" for item in items) or "none"
@@ -144,8 +144,8 @@ def providers_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def test_readme_lists_every_profile_as_the_code_has_it() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+def test_the_docs_list_every_profile_as_the_code_has_it() -> None:
+    readme = (Path(__file__).parent.parent / "docs" / "providers.md").read_text()
     assert providers_table() in readme, "regenerate: python tests/test_provider_profiles.py"
 
 

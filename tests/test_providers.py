@@ -104,6 +104,10 @@ async def test_an_unreachable_collector_costs_one_line_and_about_a_second(
     (warning,) = run.warnings()
     assert warning.startswith("llm-latency: could not export ")
     assert "127.0.0.1" in warning
+    assert len(warning) < 160, warning  # whole, not cut off, and says what to do
+    assert warning.endswith("run a collector there, or set OTEL_TRACES_EXPORTER=none") or (
+        warning.endswith("or set OTEL_METRICS_EXPORTER=none")
+    ), warning
     # Bounded by the exit budget (1 s) plus the process's own teardown; unbounded, the
     # exporters retry for their 10 s timeout.
     assert run.exit_delay < 3.0, run.exit_delay

@@ -13,23 +13,34 @@ first call's start, ``+`` its duration, then its facts::
     → 1 of 2 attempts were rate limited (429) ...
       fix: ...
       saves about 174 ms
+
+With a ``width`` (the console exporter's ``COLUMNS``), no line is longer: a row's facts that
+do not fit continue on lines of their own under the facts column (or deeper in the tree when
+that column leaves too little room), a fact too long even for that is cut with ``…``, and the
+findings are wrapped at spaces, never between a number and its unit.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TextIO
 from urllib.parse import urlsplit
 
 from llm_latency import semconv
 from llm_latency.diagnosis import diagnose
-from llm_latency.diagnosis.findings import Finding, duration
+from llm_latency.diagnosis.findings import NBSP, Finding, duration, keep_units
 from llm_latency.diagnosis.records import Attempt, Backoff, Call
 from llm_latency.timeline import PHASE_NAMES
 
 INDENT = "  "
 #: The narrowest name column, so that short trees line up with one another too.
 MIN_NAME_WIDTH = 30
+#: With a width, facts continue under their column only when it leaves them this much room.
+MIN_FACTS_WIDTH = 24
 
 
 @dataclass(frozen=True)
@@ -62,42 +73,110 @@ def rows(call: Call, origin_ns: int) -> list[Row]:
     return out
 
 
-def tree(calls: Sequence[Call], origin_ns: int | None = None) -> list[str]:
+def tree(
+    calls: Sequence[Call], origin_ns: int | None = None, width: int | None = None
+) -> list[str]:
     """The lines of the trees of ``calls``, in one column layout; offsets from ``origin_ns``
-    (default: the first call's start)."""
+    (default: the first call's start); no line longer than ``width`` when one is given."""
     if not calls:
         return []
     origin = min(call.start_ns for call in calls) if origin_ns is None else origin_ns
     ordered = sorted(calls, key=lambda call: call.start_ns)
     all_rows = [row for call in ordered for row in rows(call, origin)]
-    width = max(MIN_NAME_WIDTH, *(len(INDENT * row.depth + row.name) for row in all_rows))
+    name_width = max(MIN_NAME_WIDTH, *(len(INDENT * row.depth + row.name) for row in all_rows))
     starts = [duration(row.start) for row in all_rows]
     lengths = [duration(row.duration) for row in all_rows]
     start_width = max(len(text) for text in starts)
     length_width = max(len(text) for text in lengths)
+    if width is not None:  # the name column gives way first, down to the narrowest
+        times = 2 + start_width + 3 + length_width
+        name_width = max(min(name_width, width - times), MIN_NAME_WIDTH)
     lines = []
     for row, start, length in zip(all_rows, starts, lengths, strict=True):
-        name = (INDENT * row.depth + row.name).ljust(width)
-        line = f"{name}  {start:>{start_width}} + {length:>{length_width}}  {' '.join(row.facts)}"
-        lines.append(line.rstrip())
+        name = _fit(INDENT * row.depth + row.name, name_width).ljust(name_width)
+        head = f"{name}  {start:>{start_width}} + {length:>{length_width}}"
+        lines += _with_facts(head, row, width)
     return lines
 
 
-def finding_lines(findings: Sequence[Finding]) -> list[str]:
-    """Each finding as its three lines, the first marked with an arrow."""
+def _with_facts(head: str, row: Row, width: int | None) -> list[str]:
+    """``head`` and the row's facts, on as many lines as ``width`` asks."""
+    line = f"{head}  {' '.join(row.facts)}".rstrip()
+    if width is None or len(line) <= width:
+        return [line]
+    indent = " " * (len(head) + 2)
+    longest = max((len(fact) for fact in row.facts), default=0)
+    if width - len(indent) < max(MIN_FACTS_WIDTH, longest):  # deeper in the tree instead
+        indent = INDENT * (row.depth + 2)
+    room = width - len(indent)
+    lines = [_fit(head, width)]
+    current = ""
+    for fact in row.facts:
+        fact = _fit(fact, room)
+        if current and len(current) + 1 + len(fact) <= room:
+            current += " " + fact
+            continue
+        if current:
+            lines.append(indent + current)
+        current = fact
+    if current:
+        lines.append(indent + current)
+    if len(lines) > 1 and len(lines[0]) + 2 + len(lines[1]) - len(indent) <= width:
+        lines[0:2] = [f"{lines[0]}  {lines[1][len(indent) :]}"]  # the first facts on the row
+    return lines
+
+
+def _fit(text: str, width: int) -> str:
+    """``text``, cut to ``width`` columns with ``…`` when longer."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _wrap(text: str, width: int | None, indent: str, subsequent: str) -> list[str]:
+    """``text`` as lines of at most ``width`` (one line when None), broken at spaces but never
+    between a number and its unit."""
+    if width is None:
+        return [indent + text]
+    lines = textwrap.wrap(
+        keep_units(text), width, initial_indent=indent, subsequent_indent=subsequent,
+        break_on_hyphens=False,
+    )  # fmt: skip
+    return [line.replace(NBSP, " ") for line in lines] or [indent]
+
+
+def finding_lines(findings: Sequence[Finding], width: int | None = None) -> list[str]:
+    """Each finding as its three lines, the first marked with an arrow (wrapped to ``width``,
+    continuation lines indented)."""
     if not findings:
         return ["→ no findings"]
     lines = []
     for finding in findings:
         first, *rest = finding.lines()
-        lines.append(f"→ {first}")
-        lines += [f"  {line}" for line in rest]
+        lines += _wrap(first, width, "→ ", "    ")
+        for line in rest:
+            lines += _wrap(line, width, "  ", "      ")
     return lines
 
 
-def report(calls: Sequence[Call], origin_ns: int | None = None) -> list[str]:
-    """The trees of ``calls``, then the findings of :func:`llm_latency.diagnose` for them."""
-    return tree(calls, origin_ns) + finding_lines(diagnose(calls))
+def report(
+    calls: Sequence[Call], origin_ns: int | None = None, width: int | None = None
+) -> list[str]:
+    """The trees of ``calls``, then the findings of :func:`llm_latency.diagnose` for them; no
+    line longer than ``width`` when one is given."""
+    return tree(calls, origin_ns, width) + finding_lines(diagnose(calls), width)
+
+
+def columns_for(out: TextIO) -> int | None:
+    """The width to fit: ``COLUMNS``, else the terminal's if ``out`` is one; None (no limit)
+    for a file or a pipe. Never under 40."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():
+        return max(int(columns), 40)
+    try:
+        if out.isatty():
+            return max(shutil.get_terminal_size().columns, 40)
+    except (AttributeError, ValueError, OSError):  # a closed or unusual stream
+        pass
+    return None
 
 
 def _offset(start_ns: int, origin_ns: int) -> float:

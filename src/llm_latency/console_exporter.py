@@ -12,6 +12,9 @@ its logical parent ended (llm-latency's SDK call span, ``llm_latency.retry``'s s
 span or the program's own span), or it has no local parent, or the trace's local root ended.
 At most :data:`MAX_BUFFERED_SPANS` are held: past that, the oldest trace is printed as it is.
 Whatever is still held is printed at shutdown.
+
+The lines fit the terminal: ``COLUMNS`` when set, else the width of the terminal the output
+goes to; written to a file or a pipe, lines are not broken.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from llm_latency import semconv
-from llm_latency.call_tree import report
+from llm_latency.call_tree import columns_for, report
 from llm_latency.diagnosis.records import (
     Call,
     SpanRecord,
@@ -116,7 +119,8 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
         self._held -= len(gone)
         if not held:
             del self._traces[trace_id]
-        return [report([call]) for call in finished]
+        width = columns_for(self._out if self._out is not None else sys.stderr)
+        return [report([call], width=width) for call in finished]
 
     def _write(self, blocks: list[list[str]]) -> None:
         if not blocks:

@@ -23,6 +23,27 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 _logger = logging.getLogger(__name__)
 
 
+#: The longest warning line: it must say what to do, whole, not cut off mid-word.
+MAX_WARNING = 159
+
+
+def warning_line(signal: str, endpoint: str | None, detail: str | None) -> str:
+    """The one line about a failed export (later errors are not logged): where it went, and
+    what to do (run a collector there, or turn the exporter off), in under 160 characters; the
+    exporter's own message is added only when it fits whole."""
+    variable = "OTEL_TRACES_EXPORTER" if signal == "spans" else "OTEL_METRICS_EXPORTER"
+    where = f" to {endpoint}" if endpoint else ""
+    advice = f"run a collector there, or set {variable}=none"
+    if len(where) > 60:  # an endpoint too long to keep the advice in the line
+        where = ""
+    line = f"llm-latency: could not export {signal}{where}: {advice}"
+    if detail:
+        with_detail = f"llm-latency: could not export {signal}{where} ({detail}): {advice}"
+        if len(with_detail) <= MAX_WARNING:
+            line = with_detail
+    return line
+
+
 class _HoldBack(logging.Filter):
     """Drops an exporter module's records, keeping the first warning's text for the report."""
 
@@ -65,13 +86,8 @@ class ExportHealth:
         if ok or self._warned:
             return
         self._warned = True
-        endpoint = getattr(exporter, "_endpoint", None)
         _logger.warning(
-            "llm-latency: could not export %s%s%s; later export errors are not logged "
-            "(llm-latency set up the OpenTelemetry SDK, since the program did not)",
-            signal,
-            f" to {endpoint}" if endpoint else "",
-            f": {self.detail}" if self.detail else "",
+            "%s", warning_line(signal, getattr(exporter, "_endpoint", None), self.detail)
         )
 
     @property

@@ -33,6 +33,7 @@ from llm_latency.adapters._patching import Unavailable, module_installed
 from llm_latency.emitter import Emitter
 from llm_latency.headers import resolve_capture_list
 from llm_latency.version import __version__
+from llm_latency.zero_code import warn_if_unconfigured
 
 _logger = logging.getLogger(__name__)
 
@@ -224,7 +225,12 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             kwargs.get("meter_provider"),
             schema_url=semconv.SCHEMA_URL,
         )
-        before_first_request: Callable[[], None] | None = kwargs.get("before_first_request")
+        # Without the key and providers, opentelemetry-instrument started this: nothing here
+        # sets the SDK up, and without a distro nothing else does either.
+        own = kwargs.get("tracer_provider") or kwargs.get("meter_provider")
+        before_first_request: Callable[[], None] | None = kwargs.get(
+            "before_first_request", None if own else warn_if_unconfigured
+        )
         emitter = Emitter(
             tracer,
             meter,

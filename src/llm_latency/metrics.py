@@ -1,4 +1,4 @@
-"""The metrics of DESIGN.md, recorded once per finished attempt.
+"""The metrics of docs/telemetry.md, recorded once per finished attempt.
 
 Histograms go through the SDK on each attempt (they carry trace exemplars). Counters and the
 rate-limit gauge are kept as in-process tallies and reported by observable instruments when the

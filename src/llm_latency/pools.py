@@ -1,5 +1,5 @@
 """The connection pool made visible: open connections (active, idle), requests waiting for one,
-the pool's limit, requests in flight, and each connection's lifetime (DESIGN.md, Metrics).
+the pool's limit, requests in flight, and each connection's lifetime (docs/telemetry.md, Metrics).
 
 Nothing is added to the request path:
 

@@ -1,4 +1,5 @@
-"""Span, attribute and metric names: the product's contract (see DESIGN.md).
+"""Span, attribute and metric names: the product's contract (docs/telemetry.md lists them,
+tests/test_docs_tables.py checks the list).
 
 Stable HTTP and GenAI names come from ``opentelemetry-semantic-conventions``; the
 ``llm_latency.*`` names are this project's own.

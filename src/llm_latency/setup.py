@@ -112,15 +112,15 @@ def configure_if_unset() -> None:
         except ImportError:
             _logger.warning(
                 "llm-latency: no OpenTelemetry SDK is set up and none is installed, so "
-                "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' or set "
-                "up your providers"
+                "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' (from a "
+                "checkout: '.[otlp]') or set up your providers"
             )
         except Exception as exc:
             _logger.warning(
                 "llm-latency: could not set up the OpenTelemetry SDK from OTEL_* (%s: %s); "
-                "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' for "
-                "OTLP, or name installed exporters in OTEL_TRACES_EXPORTER and "
-                "OTEL_METRICS_EXPORTER",
+                "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' (from a "
+                "checkout: '.[otlp]') for OTLP, or name installed exporters in "
+                "OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER",
                 type(exc).__name__,
                 exc,
             )

@@ -1,6 +1,7 @@
 """The ``llm-latency`` command: ``demo``, ``probe``, ``mock-server``.
 
-Needs the ``cli`` extra (``pip install 'llm-latency[cli]'``).
+Needs the ``cli`` extra (``pip install 'llm-latency[cli]'``; from a checkout,
+``pip install '.[cli]'``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ImportError as exc:
         sys.stderr.write(
             f"llm-latency: error: the command line needs the 'cli' extra "
-            f"(pip install 'llm-latency[cli]'): {exc}\n"
+            f"(pip install 'llm-latency[cli]', or from a checkout pip install '.[cli]'): {exc}\n"
         )
         raise SystemExit(2) from None
     raise SystemExit(run(list(sys.argv[1:] if argv is None else argv)))

@@ -25,6 +25,7 @@ from llm_latency.cli.render import (
     dur,
     make_console,
     print_findings,
+    print_trimmed,
     status_tables,
     waterfall,
     wrap,
@@ -228,7 +229,7 @@ def _print_scene(console: Console, scene: Scene, first: bool = False) -> None:
     waterfall(console, scene.results, scene.title, rate_limits=False)
     status_tables(console, scene.results)
     if scene.extra is not None:
-        console.print(scene.extra)
+        print_trimmed(console, scene.extra)
     for line in wrap(f"→ {scene.closing}", console.width, "", "  "):
         console.print(Text(line, style="bold green"), soft_wrap=True)
     print_findings(console, scene.findings)
@@ -288,16 +289,19 @@ async def run(console: Console) -> None:
         dns.stop()
     endpoint = otlp_endpoint()
     if endpoint:
-        console.print(
-            f"\nSpans and metrics were exported to {endpoint} (service "
+        last = (
+            f"Spans and metrics were exported to {endpoint} (service "
             "llm-latency-demo): open Jaeger (http://localhost:16686) and Grafana "
             "(http://localhost:3000) if you run deploy/compose."
         )
     else:
-        console.print(
-            "\nSet OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4318, with "
+        last = (
+            "Set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4318, with "
             "deploy/compose running) to send these traces to Jaeger and Grafana."
         )
+    console.print()
+    for line in wrap(last, console.width):
+        console.print(Text(line), soft_wrap=True)
 
 
 def main(console: Console | None = None) -> None:

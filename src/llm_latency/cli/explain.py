@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from llm_latency.call_tree import report
+from llm_latency.call_tree import columns_for, report
 from llm_latency.cli.errors import CLIError
 from llm_latency.trace_files import TraceFileError, load
 
@@ -44,8 +44,9 @@ def explain(file: str) -> None:
     except TraceFileError as exc:
         raise CLIError(str(exc)) from None
     blocks = []
+    width = columns_for(sys.stdout)
     for trace in traces:
         count = len(trace.calls)
         header = f"trace {trace.trace_id}: {count} call{'s' if count != 1 else ''}"
-        blocks.append("\n".join([header, *report(trace.calls)]))
+        blocks.append("\n".join([header, *report(trace.calls, width=width)]))
     click.echo("\n\n".join(blocks))

@@ -68,6 +68,23 @@ def json_report(
     return report
 
 
+#: Decimals kept of each number in the JSON output: seconds to the microsecond (the clocks'
+#: useful resolution), not 0.30391636974999997.
+JSON_DECIMALS = 6
+
+
+def rounded(value: Any) -> Any:
+    """``value`` with every float rounded to :data:`JSON_DECIMALS` decimals, in lists and
+    dicts too."""
+    if isinstance(value, float):
+        return round(value, JSON_DECIMALS)
+    if isinstance(value, dict):
+        return {key: rounded(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [rounded(item) for item in value]
+    return value
+
+
 class ProbeOutput:
     """Prints a probe in one of :data:`MODES`, as the run goes."""
 
@@ -114,9 +131,9 @@ class ProbeOutput:
             return
         report = json_report(runs, self.findings, stopped, with_requests=self.mode == "json")
         if self.mode == "jsonl":
-            self._write(json.dumps({"type": "summary", **report}) + "\n")
+            self._write(json.dumps(rounded({"type": "summary", **report})) + "\n")
         else:
-            self._write(json.dumps(report, indent=2) + "\n")
+            self._write(json.dumps(rounded(report), indent=2) + "\n")
 
     def note(self, text: str) -> None:
         """A line of text mode's output (``wrote FILE``)."""
@@ -131,7 +148,7 @@ class ProbeOutput:
             self.console.file.flush()
 
     def _json_request(self, result: RequestResult) -> None:
-        self._write(json.dumps({"type": "request", **result.as_json()}) + "\n")
+        self._write(json.dumps(rounded({"type": "request", **result.as_json()})) + "\n")
 
     def _lines(self, lines: list[str], style: str) -> None:
         with self._lock:

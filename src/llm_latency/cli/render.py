@@ -11,13 +11,14 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
 from llm_latency import semconv
 from llm_latency.cli.results import RequestResult, StatusSummary, summarize_by_status
-from llm_latency.diagnosis.findings import Finding, duration
+from llm_latency.diagnosis.findings import NBSP, Finding, duration, keep_units
 from llm_latency.timeline import PHASE_NAMES
 
 PHASE_COLORS = {
@@ -67,16 +68,17 @@ def make_console(stderr: bool = False) -> Console:
 
 
 def wrap(text: str, width: int, indent: str = "", subsequent: str | None = None) -> list[str]:
-    """``text`` in lines of at most ``width`` columns, broken at ordinary spaces only, the
-    first line indented by ``indent``, the others by ``subsequent`` (default: ``indent``)."""
+    """``text`` in lines of at most ``width`` columns, broken at spaces but never between a
+    number and its unit, the first line indented by ``indent``, the others by ``subsequent``
+    (default: ``indent``)."""
     lines = textwrap.wrap(
-        text,
+        keep_units(text),
         width,
         initial_indent=indent,
         subsequent_indent=indent if subsequent is None else subsequent,
         break_on_hyphens=False,
     )
-    return lines or [indent]
+    return [line.replace(NBSP, " ") for line in lines] or [indent]
 
 
 def pack(items: Iterable[str], width: int, indent: str, subsequent: str, sep: str) -> list[str]:
@@ -104,6 +106,19 @@ def pack(items: Iterable[str], width: int, indent: str, subsequent: str, sep: st
     return lines
 
 
+def print_trimmed(console: Console, renderable: RenderableType) -> None:
+    """Print ``renderable`` (a table without borders, say) with no trailing spaces: rich pads
+    each line to the table's width."""
+    for line in console.render_lines(renderable, pad=False):
+        segments = list(line)
+        while segments and not segments[-1].control and not segments[-1].text.rstrip():
+            segments.pop()
+        if segments:
+            last = segments[-1]
+            segments[-1] = Segment(last.text.rstrip(), last.style, last.control)
+        console.print(Segments([*segments, Segment.line()]), soft_wrap=True, end="")
+
+
 def _print(console: Console, lines: Iterable[str | Text], style: str = "") -> None:
     """Print lines already broken to the console's width (rich must not break them again)."""
     for line in lines:
@@ -115,7 +130,7 @@ def error_text(result: RequestResult, timeout: float | None = None) -> str:
     the deadline of a client without a total timeout (httpx2), is the ``--timeout`` deadline."""
     error = result.error or "failed"
     if timeout is not None and ("Timeout" in error or error == "CancelledError"):
-        return f"timed out: the {timeout:g}\u00a0s --timeout deadline ({error})"
+        return f"timed out: the {timeout:g} s --timeout deadline ({error})"
     return error
 
 
@@ -244,7 +259,11 @@ def summary_table(summary: dict[str, dict[str, float]], title: str = "percentile
         if name in summary:
             row = summary[name]
             table.add_row(
-                name, dur(row["p50"]), dur(row["p95"]), dur(row["max"]), str(int(row["count"]))
+                name.replace("_", " "),
+                dur(row["p50"]),
+                dur(row["p95"]),
+                dur(row["max"]),
+                str(int(row["count"])),
             )
     return table
 
@@ -291,7 +310,7 @@ def comparison(console: Console, summaries: Mapping[str, dict[str, dict[str, flo
             cells = [
                 dur(summaries[u][phase][q]) if phase in summaries[u] else "-" for _, u in chosen
             ]
-            table.add_row(f"{phase} {q}", *cells)
+            table.add_row(f"{phase.replace('_', ' ')} {q}", *cells)
         _print(console, wrap(title, console.width), style="italic")
         console.print(table)
     legend = [line for n, url in enumerate(urls, 1) for line in wrap(url, console.width,

@@ -1,34 +1,46 @@
 """A finding: a cause, the measurements that show it, and the fix with its expected saving.
 
 Findings are plain data: the CLI prints them (text, JSON, HTML), ``explain`` and the
-development exporter too. Durations are seconds; :func:`duration` writes one for people, with
-a no-break space between the number and its unit so that no wrapping ever splits them.
+development exporter too. Durations are seconds; :func:`duration` writes one for people, the
+number and its unit joined by a plain space (``grep "452 ms"`` finds it); the text wrappers
+(:func:`keep_units`) never break a line between the two.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 NBSP = "\u00a0"
 
+#: A number and the unit after it (``452 ms``, ``1.5 s``, ``38 %``), joined by a plain space.
+_NUMBER_UNIT = re.compile(r"(\d) (µs|ms|s|%|MB|kB|B)(?=$|[\s,;:.)\]])")
+
+
+def keep_units(text: str) -> str:
+    """``text`` with a no-break space between each number and its unit, for a line wrapper
+    (``textwrap`` breaks at ordinary spaces only); the wrapped lines go back to plain spaces
+    with ``.replace(NBSP, " ")``."""
+    return _NUMBER_UNIT.sub(lambda m: f"{m[1]}{NBSP}{m[2]}", text)
+
 
 def duration(seconds: float) -> str:
-    """``0.0123`` -> ``12.3 ms``, ``1.234`` -> ``1.23 s``; the unit never wraps apart."""
+    """``0.0123`` -> ``12.3 ms``, ``1.234`` -> ``1.23 s``."""
     if seconds != seconds:  # NaN
         return "-"
     magnitude = abs(seconds)
     if magnitude < 0.0009995:
-        return f"{seconds * 1e6:.0f}{NBSP}µs"
+        return f"{seconds * 1e6:.0f} µs"
     if magnitude < 0.09995:  # 0.09996 s is "100 ms", not "100.0 ms"
-        return f"{seconds * 1000:.1f}{NBSP}ms"
+        return f"{seconds * 1000:.1f} ms"
     if magnitude < 0.9995:  # 0.9996 s is "1.00 s", not "1000 ms"
-        return f"{seconds * 1000:.0f}{NBSP}ms"
+        return f"{seconds * 1000:.0f} ms"
     if magnitude < 99.995:
-        return f"{seconds:.2f}{NBSP}s"
-    return f"{seconds:.0f}{NBSP}s"
+        return f"{seconds:.2f} s"
+    return f"{seconds:.0f} s"
 
 
 def percent(share: float) -> str:
@@ -77,8 +89,8 @@ class Evidence:
     def text(self) -> str:
         """``http.queue: 38% of the time, p50 820 ms, p95 1.20 s, 30 of 40 requests``."""
         return (
-            f"{self.phase}: {percent(self.share)} of the time, p50{NBSP}{duration(self.p50)}, "
-            f"p95{NBSP}{duration(self.p95)}, {self.count} of {self.requests} {self.unit}"
+            f"{self.phase}: {percent(self.share)} of the time, p50 {duration(self.p50)}, "
+            f"p95 {duration(self.p95)}, {self.count} of {self.requests} {self.unit}"
         )
 
 

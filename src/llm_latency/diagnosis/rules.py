@@ -286,8 +286,9 @@ def rate_limits(calls: Sequence[Call]) -> Finding | None:
         )
     return Finding(
         rule="rate-limits",
-        cause=f"{limited} of {len(attempts)} attempts were rate limited (429) and {retried} were "
-        f"retries; {duration(backoff)} went to retry.backoff",
+        cause=f"{limited} of {len(attempts)} attempts were rate limited (429) and {retried} "
+        f"{'was a retry' if retried == 1 else 'were retries'}; {duration(backoff)} went to "
+        "retry.backoff",
         evidence=evidence,
         fix=fix,
         saving=Saving(evidence.p50, evidence.p95, len(lost)),

@@ -3,8 +3,8 @@ that speaks OpenAI's chat completions, Anthropic's messages and Ollama's native 
 real SDK reads it), and a DNS server that answers as slowly as asked.
 
 The CLI's ``demo`` and ``mock-server``, llm-latency's own tests, and a program's own tests use
-them alike. They need the ``cli`` extra (``pip install 'llm-latency[cli]'``: aiohttp, trustme,
-dnslib).
+them alike. They need the ``cli`` extra (``pip install 'llm-latency[cli]'``, from a checkout
+``pip install '.[cli]'``: aiohttp, trustme, dnslib).
 
 .. code-block:: python
 

@@ -1,0 +1,306 @@
+"""The deploy bundle's services, run for real as processes on loopback.
+
+``deploy/build/build-bundle`` builds the Collector, Jaeger, Prometheus and Alertmanager from
+their Go modules at the versions of the image tags in ``deploy/compose/docker-compose.yaml``;
+this module runs each of them as compose would, without a container engine:
+
+- the command line is the service's ``command`` in docker-compose.yaml, with the paths its
+  ``volumes`` mount inside the container replaced by the files in the repository (named
+  volumes and the image's own data folders by temporary folders): the configuration files run
+  unmodified;
+- each service has a loopback address of its own (``127.0.10.x``), and runs in a private mount
+  namespace whose ``/etc/hosts`` maps the compose service names (and the Helm tiers' cluster
+  names) to those addresses, and ``localhost`` to its own: what compose's network gives each
+  container;
+- the compose files listen on ``0.0.0.0``: the collector's and Jaeger's configurations read
+  their listening address from ``OTELCOL_LISTEN_HOST`` / ``JAEGER_LISTEN_HOST`` (default
+  ``0.0.0.0``), Prometheus and Alertmanager get ``--web.listen-address``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "deploy" / "compose"
+COMPOSE_FILE = COMPOSE / "docker-compose.yaml"
+HELM = ROOT / "deploy" / "helm"
+BUILDS = Path(os.environ.get("LLM_LATENCY_BUNDLE_BUILDS", ROOT / ".tools" / "bundle")) / "bin"
+
+#: Each service's own loopback address, and the host names that reach it.
+ADDRESSES = {
+    "otel-collector": "127.0.10.1",
+    "jaeger": "127.0.10.2",
+    "prometheus": "127.0.10.3",
+    "alertmanager": "127.0.10.4",
+    "agent": "127.0.10.5",
+    "gateway": "127.0.10.6",
+}
+HOST_NAMES = {
+    "otel-collector": ["otel-collector"],
+    "jaeger": ["jaeger", "jaeger.observability.svc.cluster.local"],
+    "prometheus": ["prometheus"],
+    "alertmanager": ["alertmanager"],
+    # deploy/helm/otel-collector-agent.values.yaml: the load_balancing exporter's resolver
+    "gateway": ["llm-latency-gateway.observability.svc.cluster.local"],
+    "agent": [],
+}
+
+#: The binary that runs each compose image.
+BINARIES = {
+    "otel/opentelemetry-collector-contrib": "otelcol-llm-latency",
+    "jaegertracing/jaeger": "jaeger",
+    "prom/prometheus": "prometheus",
+    "prom/alertmanager": "alertmanager",
+}
+
+#: Folders of an image that its service writes to without a volume: a temporary folder each.
+IMAGE_DATA = {"prom/alertmanager": ["/alertmanager"]}
+
+
+def compose_services() -> dict[str, Any]:
+    services: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    return services
+
+
+def image_tag(service: str) -> tuple[str, str]:
+    """The image repository and tag of a compose service (the bundle's pinned version)."""
+    repository, _, tag = compose_services()[service]["image"].rpartition(":")
+    return repository, tag
+
+
+def binary(name: str) -> Path:
+    path = BUILDS / name
+    if not path.exists():
+        pytest.fail(f"{path} is not built: `make e2e` builds it (deploy/build/build-bundle)")
+    return path
+
+
+def hosts_file(directory: Path, service: str) -> Path:
+    """An /etc/hosts for ``service``: every service's names, and localhost as itself."""
+    lines = [f"{ADDRESSES[service]} localhost"]
+    for name, address in ADDRESSES.items():
+        lines += [f"{address} {host}" for host in HOST_NAMES[name]]
+    path = directory / f"hosts.{service}"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _namespace_prefix(binds: Sequence[tuple[Path, Path]]) -> list[str]:
+    """A command prefix that bind-mounts each (source, target) in a mount namespace of its own,
+    then runs the rest of the command there."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    script = 'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 97; shift 2; done; shift; exec "$@"'
+    pairs = [str(part) for source, target in binds for part in (source, target)]
+    return [
+        "unshare",
+        *user,
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        *pairs,
+        "--",
+    ]
+
+
+def get_json(url: str, params: Mapping[str, Any] | None = None, timeout: float = 10) -> Any:
+    if params:
+        url += "?" + urllib.parse.urlencode(params, doseq=True)
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def post_json(url: str, body: Any, timeout: float = 10) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        text = response.read()
+        return json.loads(text) if text else None
+
+
+@dataclass
+class Service:
+    """One running service: its process, its address and its log."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log: Path
+    ready_url: str
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self, timeout: float = 60) -> None:
+        self.starts += 1
+        with self.log.open("ab") as log:
+            log.write(f"--- start {self.starts}: {' '.join(self.command)}\n".encode())
+            self.process = subprocess.Popen(
+                self.command,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                with urllib.request.urlopen(self.ready_url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            time.sleep(0.2)
+        pytest.fail(f"{self.name} not ready at {self.ready_url} in {timeout} s:\n{self.tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class Bundle:
+    """The compose services (and the Helm collector tiers, on demand) on loopback."""
+
+    directory: Path
+    services: dict[str, Service] = field(default_factory=dict)
+
+    def url(self, service: str, port: int, path: str = "") -> str:
+        return f"http://{ADDRESSES[service]}:{port}{path}"
+
+    # -- the compose services ------------------------------------------------------------------
+
+    def compose_service(self, name: str, extra_binds: Sequence[tuple[Path, Path]] = ()) -> Service:
+        """A compose service as its docker-compose.yaml entry runs it."""
+        spec = compose_services()[name]
+        repository, _ = image_tag(name)
+        paths: dict[str, str] = {}
+        for volume in spec.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if source.startswith("."):
+                paths[target] = str((COMPOSE / source).resolve())
+            else:  # a named volume
+                paths[target] = str(self._folder(f"{name}-{source}"))
+        for folder in IMAGE_DATA.get(repository, []):
+            paths[folder] = str(self._folder(f"{name}{folder.replace('/', '-')}"))
+
+        def host_path(argument: str) -> str:
+            for target in sorted(paths, key=len, reverse=True):
+                argument = re.sub(rf"(?<![\w/]){re.escape(target)}(?=/|$)", paths[target], argument)
+            return argument
+
+        address = ADDRESSES[name]
+        arguments = [host_path(argument) for argument in spec.get("command", [])]
+        env: dict[str, str] = {}
+        if repository == "otel/opentelemetry-collector-contrib":
+            env["OTELCOL_LISTEN_HOST"] = address
+            ready = self.url(name, 13133)
+        elif repository == "jaegertracing/jaeger":
+            env["JAEGER_LISTEN_HOST"] = address
+            ready = self.url(name, 13133, "/status")
+        elif repository == "prom/prometheus":
+            arguments.append(f"--web.listen-address={address}:9090")
+            ready = self.url(name, 9090, "/-/ready")
+        else:
+            arguments += [f"--web.listen-address={address}:9093", "--cluster.listen-address="]
+            ready = self.url(name, 9093, "/-/ready")
+        binds = [(hosts_file(self.directory, name), Path("/etc/hosts")), *extra_binds]
+        command = [*_namespace_prefix(binds), str(binary(BINARIES[repository])), *arguments]
+        return self._add(Service(name, command, env, self.directory / f"{name}.log", ready))
+
+    # -- the Helm collector tiers --------------------------------------------------------------
+
+    def helm_collector(self, name: str, values: Path, overrides: Sequence[str] = ()) -> Service:
+        """A collector tier of deploy/helm/ with its values' ``config`` as the chart renders it
+        (a null removes the chart's default key), on its own address as its pod IP;
+        ``overrides`` are the collector's own ``--set`` options."""
+        config = _drop_nulls(yaml.safe_load(values.read_text())["config"])
+        path = self.directory / f"{name}.config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        address = ADDRESSES[name]
+        command = [
+            *_namespace_prefix([(hosts_file(self.directory, name), Path("/etc/hosts"))]),
+            str(binary("otelcol-llm-latency")),
+            f"--config={path}",
+            *(f"--set={override}" for override in overrides),
+        ]
+        env = {"MY_POD_IP": address}
+        return self._add(
+            Service(name, command, env, self.directory / f"{name}.log", self.url(name, 13133))
+        )
+
+    def _add(self, service: Service) -> Service:
+        self.services[service.name] = service
+        return service
+
+    def _folder(self, name: str) -> Path:
+        folder = self.directory / name
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    def stop(self) -> None:
+        for service in reversed(list(self.services.values())):
+            service.stop()
+
+
+def _drop_nulls(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: _drop_nulls(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [_drop_nulls(value) for value in node]
+    return node
+
+
+def wait_for(check: Any, timeout: float, interval: float = 1.0, what: str = "") -> Any:
+    """Calls ``check()`` until it returns something true, and returns that; fails after
+    ``timeout`` seconds with the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        with contextlib.suppress(OSError, urllib.error.URLError, KeyError, IndexError):
+            last = check()
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or check}: last {last!r}")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def running(bundle: Bundle, *names: str) -> Iterator[None]:
+    try:
+        for name in names:
+            bundle.services[name].start()
+        yield
+    finally:
+        bundle.stop()

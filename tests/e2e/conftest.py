@@ -1,0 +1,145 @@
+"""The bundle, started once for the end-to-end run, and the workloads that feed it.
+
+The workloads start as soon as the bundle is up and run in the background while the checks
+wait for what they need: the scripted calls over OTLP/HTTP and over OTLP/gRPC (a service
+name each), and the alert scenarios.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.bundle import ADDRESSES, ROOT, Bundle, Service
+
+#: How long the alert scenarios run: long enough for two of the 31 s slow waits to end and for
+#: Prometheus (15 s scrapes, 15 s rule evaluations) to see them.
+ALERT_SECONDS = 75.0
+
+RULES = ROOT / "deploy" / "compose" / "prometheus" / "rules"
+
+
+@dataclass
+class Workload:
+    """A workload process and the spans it recorded."""
+
+    service: str
+    process: subprocess.Popen[bytes]
+    record: Path
+    log: Path
+
+    def wait(self, timeout: float) -> None:
+        code = self.process.wait(timeout)
+        assert code == 0, f"{self.service} exited with {code}:\n{self.log.read_text()[-3000:]}"
+
+    def spans(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.record.read_text().splitlines()]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_workload(
+    directory: Path,
+    mode: str,
+    service: str,
+    *args: str,
+    endpoint: str = f"{ADDRESSES['otel-collector']}:4318",
+    env: dict[str, str] | None = None,
+) -> Workload:
+    """Runs tests/e2e/workload.py in ``mode``; with ``env``, in that environment (OTEL_*)
+    instead of the providers the workload sets up."""
+    record = directory / f"{service}.spans.jsonl"
+    log = directory / f"{service}.log"
+    command = [sys.executable, "-m", "tests.e2e.workload", mode]
+    if env is None:
+        command += ["--service", service, "--endpoint", endpoint, "--record", str(record)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*command, *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    return Workload(service, process, record, log)
+
+
+@dataclass
+class Run:
+    """The running bundle and the workloads started with it."""
+
+    bundle: Bundle
+    directory: Path
+    calls: dict[str, Workload]  # by protocol
+    alerts: Workload
+
+    @property
+    def collector(self) -> Service:
+        return self.bundle.services["otel-collector"]
+
+    @property
+    def jaeger(self) -> Service:
+        return self.bundle.services["jaeger"]
+
+
+#: The override that makes one alert fire at once: the bundle's LLMRateLimited rule, with a
+#: `for:` of 0 s and a name of its own, in a rules file of the test's beside the bundle's.
+def _override_rules(directory: Path) -> Path:
+    import yaml
+
+    rules = yaml.safe_load((RULES / "llm-latency.rules.yaml").read_text())
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LLMRateLimited"]
+    override = {**rule, "alert": "LLMRateLimitedNow", "for": "0s"}
+    folder = directory / "rules"
+    folder.mkdir()
+    shutil.copy(RULES / "llm-latency.rules.yaml", folder / "llm-latency.rules.yaml")
+    (folder / "e2e-override.rules.yaml").write_text(
+        yaml.safe_dump(
+            {"groups": [{"name": "e2e-override", "interval": "5s", "rules": [override]}]}
+        )
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def run() -> Iterator[Run]:
+    directory = Path(tempfile.mkdtemp(prefix="llm-latency-e2e-"))
+    bundle = Bundle(directory)
+    bundle.compose_service("jaeger")
+    bundle.compose_service("alertmanager")
+    bundle.compose_service("prometheus", extra_binds=[(_override_rules(directory), RULES)])
+    bundle.compose_service("otel-collector")
+    workloads: list[Workload] = []
+    try:
+        for service in bundle.services.values():
+            service.start()
+        grpc = f"{ADDRESSES['otel-collector']}:4317"
+        calls = {
+            "http": start_workload(directory, "calls", "e2e-http"),
+            "grpc": start_workload(
+                directory, "calls", "e2e-grpc", "--protocol", "grpc", endpoint=grpc
+            ),
+        }
+        alerts = start_workload(directory, "alerts", "e2e-alerts", "--seconds", str(ALERT_SECONDS))
+        workloads = [*calls.values(), alerts]
+        yield Run(bundle, directory, calls, alerts)
+    finally:
+        for workload in workloads:
+            if workload.process.poll() is None:
+                workload.process.kill()
+        bundle.stop()
+        if os.environ.get("LLM_LATENCY_E2E_KEEP"):
+            print(f"e2e logs kept in {directory}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)

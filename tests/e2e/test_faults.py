@@ -1,0 +1,149 @@
+"""Faults in the bundle under traffic: Jaeger stopped for 20 s, the Collector killed.
+
+Run last: they stop and restart the services the other checks read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.bundle import ADDRESSES, get_json, wait_for
+from tests.e2e.conftest import Run, Workload, start_workload
+from tests.e2e.test_metrics import query
+from tests.e2e.test_traces import jaeger_traces
+
+OUTAGE_S = 20.0
+SCRAPE_S = 15.0  # deploy/compose/prometheus/prometheus.yaml
+
+
+def _samples(run: Run, selector: str, start: float, end: float) -> list[tuple[float, float]]:
+    """The raw samples Prometheus stored for ``selector`` between ``start`` and ``end``."""
+    answer = get_json(
+        run.bundle.url("prometheus", 9090, "/api/v1/query"),
+        {"query": f"{selector}[{int(end - start) + 1}s]", "time": end},
+    )
+    (series,) = answer["data"]["result"]
+    return [(float(t), float(v)) for t, v in series["values"]]
+
+
+def test_jaeger_down_for_20_s_loses_no_metric_and_no_trace_of_the_outage(run: Run) -> None:
+    workload = start_workload(
+        run.directory, "steady", "e2e-outage", "--seconds", "60", "--pause", "0.2"
+    )
+    time.sleep(15)
+    run.jaeger.stop()
+    down = time.time()
+    time.sleep(OUTAGE_S)
+    run.jaeger.start()
+    up = time.time()
+    workload.wait(timeout=120)
+    # Metrics do not go through Jaeger: a sample at every scrape through the outage, growing.
+    time.sleep(SCRAPE_S + 5)
+    selector = 'http_client_request_duration_seconds_count{job="e2e-outage"}'
+    samples = _samples(run, selector, down - SCRAPE_S, up + SCRAPE_S)
+    times = [t for t, _ in samples]
+    assert times[0] <= down and times[-1] >= up, samples
+    assert max(b - a for a, b in itertools.pairwise(times)) < 1.5 * SCRAPE_S, samples
+    values = [v for _, v in samples]
+    assert values == sorted(values) and values[-1] > values[0], samples
+    # Jaeger's memory storage starts empty, so the traces from before the stop are gone with it;
+    # every trace from the outage was held in the Collector's queue and arrives after it.
+    recorded: dict[str, int] = {}
+    for span in workload.spans():
+        if span["parent_id"] is None and down < span["start"] / 1e9 and span["end"] / 1e9 < up:
+            recorded[span["trace_id"]] = span["start"]
+    assert len(recorded) > OUTAGE_S  # about five calls a second
+    shown = wait_for(
+        lambda: (t := jaeger_traces(run, "e2e-outage")) and set(recorded) <= set(t) and t,
+        timeout=60,
+        interval=2,
+        what="the outage's traces",
+    )
+    assert set(recorded) <= set(shown)
+
+
+def _warnings(workload: Workload) -> list[str]:
+    return [
+        line
+        for line in workload.log_text().splitlines()
+        if re.search(r"warn|error|traceback", line, re.IGNORECASE)
+    ]
+
+
+def _exit_seconds(workload: Workload, exited: float) -> float:
+    (done,) = re.findall(r"done in [\d.]+ s at ([\d.]+)", workload.log_text())
+    return exited - float(done)
+
+
+def _lazy(run: Run, service: str, seconds: float) -> Workload:
+    env = {
+        "OTEL_SERVICE_NAME": service,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{ADDRESSES['otel-collector']}:4318",
+        "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+        "OTEL_BSP_SCHEDULE_DELAY": "500",
+    }
+    return start_workload(
+        run.directory,
+        "steady",
+        service,
+        "--lazy",
+        "--seconds",
+        str(seconds),
+        "--pause",
+        "0.2",
+        env=env,
+    )
+
+
+def test_collector_killed_the_program_goes_on_and_data_flows_after_a_restart(run: Run) -> None:
+    workload = _lazy(run, "e2e-restart", 40)
+    time.sleep(10)
+    run.collector.stop(signal.SIGKILL)
+    time.sleep(10)
+    run.collector.start()
+    restarted = time.time()
+    workload.wait(timeout=120)
+    exited = time.time()
+    (calls,) = re.findall(r"calls (\d+)", workload.log_text())
+    assert int(calls) > 40 / 0.2 * 0.5  # it went on calling through the outage
+    warnings = _warnings(workload)
+    assert len(warnings) == 1 and "llm-latency" in warnings[0], warnings
+    assert _exit_seconds(workload, exited) < 5
+    # After the restart: new traces in Jaeger, and the request count grows in Prometheus.
+
+    def after_restart() -> list[Any]:
+        traces = jaeger_traces(run, "e2e-restart")
+        return [
+            t for t, spans in traces.items() if min(s["startTime"] for s in spans) / 1e6 > restarted
+        ]
+
+    assert len(wait_for(after_restart, timeout=60, what="traces after the restart")) > 10
+    count = 'max(http_client_request_duration_seconds_count{job="e2e-restart"})'
+    wait_for(lambda: query(run, f"{count} > 0"), timeout=60, what="the count after the restart")
+
+
+def test_collector_down_at_exit_costs_one_warning_and_about_a_second(run: Run) -> None:
+    run.collector.stop(signal.SIGKILL)
+    try:
+        workload = _lazy(run, "e2e-down", 3)
+        workload.wait(timeout=60)
+        exited = time.time()
+        warnings = _warnings(workload)
+        assert len(warnings) == 1 and "llm-latency" in warnings[0], warnings
+        seconds = _exit_seconds(workload, exited)
+        assert seconds < 1.0 + 1.0, seconds  # setup.EXIT_BUDGET_S, and the interpreter's own exit
+    finally:
+        run.collector.start()
+
+
+@pytest.fixture(autouse=True)
+def _services_back_up(run: Run) -> None:
+    for service in (run.jaeger, run.collector):
+        if service.process is None or service.process.poll() is not None:
+            service.start()

@@ -1,0 +1,213 @@
+"""Jaeger, fed by the real Collector with the compose configuration: every call's trace as the
+program exported it, and the Monitor tab's numbers from the Collector's span metrics."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.bundle import COMPOSE, get_json, wait_for
+from tests.e2e.conftest import Run
+
+#: The calls tests/e2e/workload.py makes in ``calls`` mode, one trace each: three openai calls,
+#: a stream, a call retried after a 429, two fresh aiohttp requests, a burst of six, a refused
+#: connection.
+CALLS = 3 + 1 + 1 + 2 + 6 + 1
+
+PROTOCOLS = ["http", "grpc"]
+
+
+def jaeger_traces(run: Run, service: str) -> dict[str, list[dict[str, Any]]]:
+    """Jaeger's traces of ``service`` by trace id (the query API the UI uses)."""
+    answer = get_json(
+        run.bundle.url("jaeger", 16686, "/api/traces"),
+        {"service": service, "limit": 1000, "lookback": "1h"},
+    )
+    return {trace["traceID"]: trace["spans"] for trace in answer["data"]}
+
+
+def _tag_value(tag: dict[str, Any]) -> Any:
+    value = tag["value"]
+    # Jaeger has no array type: an OTLP array attribute arrives as its JSON text.
+    if tag["type"] == "string" and value.startswith("["):
+        return json.loads(value)
+    return value
+
+
+def as_jaeger_shows(span: dict[str, Any]) -> dict[str, Any]:
+    """A Jaeger span in the recorded spans' shape."""
+    parents = [ref["spanID"] for ref in span.get("references", []) if ref["refType"] == "CHILD_OF"]
+    tags = {tag["key"]: _tag_value(tag) for tag in span["tags"]}
+    status = tags.pop("otel.status_code", "UNSET")
+    tags.pop("otel.status_description", None)
+    kind = tags.pop("span.kind", "internal").upper()
+    tags.pop("error", None)
+    for key in ("otel.scope.name", "otel.scope.version", "internal.span.format"):
+        tags.pop(key, None)
+    return {
+        "span_id": span["spanID"],
+        "parent_id": parents[0] if parents else None,
+        "name": span["operationName"],
+        "kind": kind,
+        "status": status,
+        "attributes": tags,
+    }
+
+
+def as_recorded(span: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: span[key] for key in ("span_id", "parent_id", "name", "kind", "status", "attributes")
+    }
+
+
+@pytest.fixture(scope="module")
+def finished(run: Run) -> Run:
+    for workload in run.calls.values():
+        workload.wait(timeout=120)
+    return run
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_jaeger_has_every_calls_trace_as_the_program_exported_it(
+    finished: Run, protocol: str
+) -> None:
+    workload = finished.calls[protocol]
+    recorded: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for span in workload.spans():
+        recorded[span["trace_id"]].append(span)
+    assert len(recorded) == CALLS
+
+    def complete() -> dict[str, list[dict[str, Any]]] | None:
+        traces = jaeger_traces(finished, workload.service)
+        spans = sum(len(trace) for trace in traces.values())
+        return traces if spans == sum(len(trace) for trace in recorded.values()) else None
+
+    traces = wait_for(complete, timeout=60, what=f"every span of {workload.service} in Jaeger")
+    assert set(traces) == set(recorded)
+    for trace_id, spans in recorded.items():
+        shown = sorted(
+            (as_jaeger_shows(span) for span in traces[trace_id]), key=lambda s: s["span_id"]
+        )
+        assert shown == sorted((as_recorded(span) for span in spans), key=lambda s: s["span_id"])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_traces_have_the_calls_phases_retries_and_failures(
+    finished: Run, protocol: str
+) -> None:
+    spans = finished.calls[protocol].spans()
+    names = Counter(span["name"] for span in spans)
+    # five SDK calls (three plain, a stream, a retried one): six attempts, one backoff
+    assert names["openai POST /chat/completions"] == 5
+    assert names["retry.backoff"] == 1
+    # the six attempts, two fresh requests, the burst of six, the refused request
+    assert names["POST /v1/chat/completions"] == 6 + 2 + 6 + 1
+    # connections: the SDK's pool opened one (then reused it), each fresh request one, the burst
+    # two; the refused request failed in connect
+    assert names["http.connect"] == 1 + 2 + 2 + 1
+    assert names["http.queue"] >= 1  # the burst: six requests through a pool of two
+    (backoff,) = [span for span in spans if span["name"] == "retry.backoff"]
+    assert backoff["attributes"]["llm_latency.backoff.reason"] == "429"
+    attempts = [span for span in spans if span["name"] == "POST /v1/chat/completions"]
+    (refused,) = [
+        span for span in attempts if "http.response.status_code" not in span["attributes"]
+    ]
+    assert refused["status"] == "ERROR"
+    assert refused["attributes"]["llm_latency.failed_phase"] == "connect"
+    answered = [span for span in attempts if span is not refused]
+    assert Counter(span["attributes"]["http.response.status_code"] for span in answered) == {
+        200: 13,
+        429: 1,
+    }
+    request_ids = [span["attributes"]["http.response.header.x-request-id"] for span in answered]
+    assert all(request_id[0].startswith("req_") for request_id in request_ids)
+
+
+# -- the Monitor tab -------------------------------------------------------------------------
+
+#: The span metrics' histogram buckets in ms (deploy/compose/otel-collector.yaml).
+BUCKETS_MS = [
+    float(bucket.removesuffix("ms"))
+    for bucket in yaml.safe_load((COMPOSE / "otel-collector.yaml").read_text())["connectors"][
+        "span_metrics"
+    ]["histogram"]["explicit"]["buckets"]
+]
+
+
+def monitor(run: Run, metric: str, service: str, **params: Any) -> dict[str, float]:
+    """The last value per operation of a Monitor tab series (Jaeger's /api/metrics)."""
+    now_ms = int(time.time() * 1000)
+    answer = get_json(
+        run.bundle.url("jaeger", 16686, f"/api/metrics/{metric}"),
+        {
+            "service": service,
+            "spanKind": "client",
+            "groupByOperation": "true",
+            "endTs": now_ms,
+            "lookback": 15 * 60_000,
+            "step": 15_000,
+            "ratePer": 600_000,
+            **params,
+        },
+    )
+    values = {}
+    for series in answer["metrics"]:
+        labels = {label["name"]: label["value"] for label in series["labels"]}
+        points = [
+            p["gaugeValue"]["doubleValue"]
+            for p in series["metricPoints"]
+            if "doubleValue" in p.get("gaugeValue", {})
+        ]
+        # an empty step is "NaN", as a string
+        points = [float(value) for value in points if not math.isnan(float(value))]
+        if points:
+            values[labels["operation"]] = points[-1]
+    return values
+
+
+def bucket_index(value_ms: float) -> int:
+    return bisect.bisect_left(BUCKETS_MS, value_ms)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_monitor_tab_answers_in_milliseconds_that_agree_with_the_spans(
+    finished: Run, protocol: str
+) -> None:
+    workload = finished.calls[protocol]
+    spans = workload.spans()
+    operation = "POST /v1/chat/completions"
+    durations = sorted(
+        (span["end"] - span["start"]) / 1e6 for span in spans if span["name"] == operation
+    )
+    true_p95 = durations[math.ceil(0.95 * len(durations)) - 1]
+    latencies = wait_for(
+        lambda: monitor(finished, "latencies", workload.service, quantile=0.95),
+        timeout=120,
+        what="the Monitor tab's latencies",
+    )
+    assert abs(bucket_index(latencies[operation]) - bucket_index(true_p95)) <= 1, (
+        latencies[operation],
+        true_p95,
+    )
+    calls = wait_for(
+        lambda: (rates := monitor(finished, "calls", workload.service)).get(operation) and rates,
+        timeout=90,
+        what="the Monitor tab's call rate",
+    )
+    errors = wait_for(
+        lambda: (rates := monitor(finished, "errors", workload.service)).get(operation) and rates,
+        timeout=90,
+        what="the Monitor tab's error rate",
+    )
+    attempts = len(durations)
+    # calls per second over the 10-minute rate window (ratePer), extrapolated by rate()
+    assert calls[operation] == pytest.approx(attempts / 600, rel=0.15)
+    # the share of errors: one attempt refused, one 429
+    assert errors[operation] == pytest.approx(2 / attempts, abs=0.01)

@@ -1,0 +1,121 @@
+"""docs/telemetry.md's span and metric tables, checked against the code: the names of
+``llm_latency.semconv``, the instruments the emitter creates (name, kind, unit), their
+Prometheus names, and the attributes a real streamed call puts on its request spans."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import openai
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+
+from llm_latency import semconv
+from llm_latency.emitter import Emitter
+from llm_latency.timeline import PHASE_NAMES
+from tests.conftest import Telemetry
+from tests.provider_api import provider_server
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "telemetry.md"
+KINDS = {
+    "create_histogram": "histogram",
+    "create_counter": "counter",
+    "create_observable_counter": "counter",
+    "create_gauge": "gauge",
+    "create_observable_gauge": "gauge",
+    "create_up_down_counter": "updowncounter",
+    "create_observable_up_down_counter": "updowncounter",
+}
+
+
+def table(after: str) -> list[list[str]]:
+    """The rows (cells) of the first table after the text ``after`` in docs/telemetry.md."""
+    text = PAGE.read_text().split(after, 1)[1]
+    lines = text[text.index("\n|") + 1 :].splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def semconv_names() -> set[str]:
+    values = vars(semconv).values()
+    found = {v for v in values if isinstance(v, str)}
+    return found | {v for t in values if isinstance(t, tuple) for v in t if isinstance(v, str)}
+
+
+class RecordingMeter:
+    """A real SDK meter that also notes each instrument created: kind, name, unit."""
+
+    def __init__(self, meter: Any) -> None:
+        self._meter = meter
+        self.created: dict[str, tuple[str, str]] = {}
+
+    def __getattr__(self, attribute: str) -> Any:
+        method = getattr(self._meter, attribute)
+        if attribute not in KINDS:
+            return method
+
+        def create(name: str, *args: Any, **kwargs: Any) -> Any:
+            self.created[name] = (KINDS[attribute], kwargs.get("unit", ""))
+            return method(name, *args, **kwargs)
+
+        return create
+
+
+def test_the_metrics_table_is_every_instrument_the_emitter_creates() -> None:
+    meter = RecordingMeter(MeterProvider().get_meter("test"))
+    Emitter(TracerProvider().get_tracer("test"), meter, capture_headers=())  # type: ignore[arg-type]
+    rows = {names(row[0])[0]: row for row in table("\n## Metrics\n")}
+    assert set(rows) == set(meter.created)
+    assert set(rows) <= semconv_names()
+    for name, (kind, unit) in meter.created.items():
+        shown = rows[name][1]
+        assert shown.split(",")[0] == kind, (name, shown)
+        if unit:
+            shown_unit = shown.split(",")[1].split()[0].strip("`")
+            assert shown_unit == unit, (name, shown)
+        snake = name.replace(".", "_")
+        # Prometheus drops annotation units ({retry}); seconds and counters get suffixes.
+        prometheus = snake
+        if unit == "s":
+            prometheus += "_seconds_*"
+        elif kind == "counter":
+            prometheus += "_total"
+        assert names(rows[name][3]) == [prometheus], (name, rows[name][3])
+
+
+def test_the_phase_table_is_the_phases_of_the_code() -> None:
+    rows = table("**Phase spans**")
+    assert [names(row[0])[0] for row in rows] == list(semconv.PHASE_SPAN_NAMES)
+    assert [row[1] for row in rows] == list(PHASE_NAMES)
+
+
+async def test_the_attribute_table_names_what_a_real_call_records(telemetry: Telemetry) -> None:
+    documented = [name for row in table("\n## The span model\n") for name in names(row[0])]
+    known = semconv_names()
+    for name in documented:
+        assert name in known or name == "http.response.header.<name>", name
+    async with provider_server() as provider:
+        client = openai.AsyncOpenAI(base_url=provider.openai_base, api_key="sk-test-key")
+        stream = await client.chat.completions.create(
+            model="gpt-test", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        async for _ in stream:
+            pass
+        await client.close()
+    recorded = {key for span in telemetry.requests() for key in (span.attributes or {})}
+    assert semconv.STREAM_EVENTS in recorded  # the streamed call's attributes are there
+    missing = {
+        key for key in recorded
+        if key not in documented and not key.startswith("http.response.header.")
+    }  # fmt: skip
+    assert not missing, missing
