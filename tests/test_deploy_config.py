@@ -958,7 +958,11 @@ BUILD_SCRIPT = DEPLOY / "build" / "build-bundle"
 
 def compose_tag(image: str) -> str:
     services = load_yaml(COMPOSE_FILE)["services"]
-    (tag,) = [s["image"].rpartition(":")[2] for s in services.values() if s["image"].startswith(f"{image}:")]
+    (tag,) = [
+        s["image"].rpartition(":")[2]
+        for s in services.values()
+        if s["image"].startswith(f"{image}:")
+    ]
     return str(tag)
 
 
@@ -966,7 +970,10 @@ def test_helm_and_the_reference_manifest_run_the_versions_compose_pins() -> None
     collector = compose_tag("otel/opentelemetry-collector-contrib")
     for values in (HELM_AGENT, HELM_GATEWAY):
         image = load_yaml(values)["image"]
-        assert (image["repository"], image["tag"]) == ("otel/opentelemetry-collector-contrib", collector)
+        assert (image["repository"], image["tag"]) == (
+            "otel/opentelemetry-collector-contrib",
+            collector,
+        )
     assert load_yaml(reference(MANIFEST))["dist"]["version"] == collector
     assert load_yaml(HELM_JAEGER)["jaeger"]["image"]["tag"] == compose_tag("jaegertracing/jaeger")
 
