@@ -109,7 +109,6 @@ class Profile:
 
 
 ADAPTERS = ("_patching.py", "aiohttp.py", "httpcore.py", "requests.py", "_resolver.py", "sdks.py")
-CALL_METHODS = ("_attempt_starts", "_attempt_ends", "start_backoff", "open_call", "close_call")
 
 
 def is_hook(key: Key) -> bool:
@@ -129,11 +128,13 @@ def is_stream(key: Key) -> bool:
 
 
 def is_start(key: Key) -> bool:
-    return _named(key, "emitter.py", "start")
+    return _named(key, "emitter.py", "start") or _in(key, "attempt_record.py", "tracer_handle.py")
 
 
 def is_calls(key: Key) -> bool:
-    return _in(key, "calls.py", "retry.py") or _named(key, "emitter.py", *CALL_METHODS, "_end_call")
+    return _in(key, "calls.py", "call_spans.py", "retry.py") or _named(
+        key, "emitter.py", "_attempt_ends"
+    )
 
 
 def is_lag(key: Key) -> bool:

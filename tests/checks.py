@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
 import llm_latency
+from tests.attributes import attributes
 from tests.conftest import Telemetry
 
 # A phase lasts at least its injected delay, and not much more on a loaded 2-core machine.
@@ -108,14 +109,12 @@ def assert_failed(
     """The request (the only one, unless given) failed in ``phase`` with ``error_type``, as
     DESIGN.md says: the failed phase span ERROR with the exception, and no later phase."""
     request = request or telemetry.request()
-    assert request.attributes is not None
     assert request.status.status_code is StatusCode.ERROR
-    assert request.attributes["llm_latency.failed_phase"] == phase
-    assert request.attributes["error.type"] == error_type
+    assert attributes(request)["llm_latency.failed_phase"] == phase
+    assert attributes(request)["error.type"] == error_type
     failed = telemetry.phases(request)[phase]
     assert failed.status.status_code is StatusCode.ERROR
-    assert failed.attributes is not None
-    assert failed.attributes["error.type"] == error_type
+    assert attributes(failed)["error.type"] == error_type
     (event,) = failed.events
     assert event.name == "exception"
     assert event.attributes is not None

@@ -84,7 +84,6 @@ class Telemetry:
         for attempt in self.attempts():
             phases = sorted(self.phases(attempt).values(), key=lambda s: s.start_time or 0)
             assert attempt.start_time is not None and attempt.end_time is not None
-            assert attempt.attributes is not None
             host = str_attr(attempt, "server.address")
             previous_end, previous = attempt.start_time, "the attempt's start"
             for phase in phases:

@@ -33,7 +33,7 @@ import shutil
 import ssl
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,14 +106,14 @@ GRAFANA_VARIABLES = {
 }
 
 
-def substitute(expr: str) -> str:
+def substitute(expr: str, variables: Mapping[str, str] = GRAFANA_VARIABLES) -> str:
     """``expr`` with Grafana's ``$name`` and ``${name}`` variables replaced."""
 
     def value(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
-        if name not in GRAFANA_VARIABLES:
+        if name not in variables:
             raise KeyError(f"unknown Grafana variable ${name} in {expr!r}")
-        return GRAFANA_VARIABLES[name]
+        return variables[name]
 
     return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", value, expr)
 

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from llm_latency.testing import LocalDNS
-from tests.attributes import int_attr
+from tests.attributes import attributes, int_attr
 from tests.bad_servers import BlackHole
 from tests.checks import assert_failed, compare, full_backlog
 from tests.conftest import Telemetry
@@ -155,8 +155,7 @@ async def test_queue_timeout(telemetry: Telemetry, server: LLMServer) -> None:
     assert outcome.kind is aiohttp.ConnectionTimeoutError
     failed = [r for r in telemetry.requests() if r.attributes and "error.type" in r.attributes]
     assert len(failed) == 1
-    assert failed[0].attributes is not None
-    assert failed[0].attributes["llm_latency.failed_phase"] == "queue"
+    assert attributes(failed[0])["llm_latency.failed_phase"] == "queue"
 
 
 @pytest.mark.parametrize("sse", [0, 1], ids=["body", "stream"])

@@ -3,89 +3,56 @@ point under ``opentelemetry-instrument``, suppression, and never breaking the pr
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import aiohappyeyeballs
 import aiohttp
-import httpcore
-import httpcore2
+import anthropic  # noqa: F401  (an SDK: hooked once imported)
+import botocore.client  # noqa: F401  (an SDK: hooked once imported)
+import httpcore  # noqa: F401  (httpx imports it only when a client is made)
+import httpcore2  # noqa: F401  (httpx2 imports it only when a client is made)
+import openai  # noqa: F401  (an SDK: hooked once imported)
 import pytest
-from aiohttp import client_proto, client_reqrep, connector, streams
-from anthropic import _base_client as anthropic_base
-from anyio._core import _sockets as anyio_sockets
-from botocore import client as botocore_client
-from openai import _base_client as openai_base
 from opentelemetry.instrumentation.utils import (
     suppress_http_instrumentation,
     suppress_instrumentation,
 )
-from urllib3 import connection as urllib3_connection
-from urllib3 import connectionpool as urllib3_pool
-from urllib3 import response as urllib3_response
 
 import llm_latency
+from llm_latency.adapters._resolver import resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.instrumentor import LLMLatencyInstrumentor
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
 
-PATCHED: list[tuple[Any, str]] = [
-    (aiohttp.ClientSession, "_request"),
-    (connector.BaseConnector, "connect"),
-    (connector.BaseConnector, "_get"),
-    (connector.BaseConnector, "_wait_for_available_connection"),
-    (connector.TCPConnector, "_resolve_host"),
-    (connector.TCPConnector, "_wrap_create_connection"),
-    (aiohappyeyeballs, "start_connection"),
-    (client_reqrep.ClientRequest, "send"),
-    (client_reqrep.ClientResponse, "start"),
-    (client_reqrep.ClientResponse, "release"),
-    (client_reqrep.ClientResponse, "close"),
-    (client_reqrep.ClientResponse, "__del__"),
-    (client_proto.ResponseHandler, "close"),
-    (client_proto.ResponseHandler, "abort"),
-    (streams.StreamReader, "feed_data"),
-    (streams.StreamReader, "set_exception"),
-    (streams.StreamReader, "_wait"),
-    (httpcore.ConnectionPool, "handle_request"),
-    (httpcore.AsyncConnectionPool, "handle_async_request"),
-    (httpcore._sync.connection_pool.PoolRequest, "wait_for_connection"),
-    (httpcore._async.connection_pool.AsyncPoolRequest, "wait_for_connection"),
-    (httpcore2.ConnectionPool, "handle_request"),
-    (httpcore2.AsyncConnectionPool, "handle_async_request"),
-    (httpcore2._sync.connection_pool.PoolRequest, "wait_for_connection"),
-    (httpcore2._async.connection_pool.AsyncPoolRequest, "wait_for_connection"),
-    (socket, "getaddrinfo"),
-    (anyio_sockets, "getaddrinfo"),
-    (urllib3_pool.HTTPConnectionPool, "urlopen"),
-    (urllib3_pool.HTTPConnectionPool, "_get_conn"),
-    (urllib3_pool.HTTPConnectionPool, "_make_request"),
-    (urllib3_connection.HTTPConnection, "_new_conn"),
-    (urllib3_connection.HTTPConnection, "request"),
-    (urllib3_connection, "_ssl_wrap_socket_and_match_hostname"),
-    (urllib3_response.HTTPResponse, "__init__"),
-    (urllib3_response.HTTPResponse, "_raw_read"),
-    (urllib3_response.HTTPResponse, "_handle_chunk"),
-    (urllib3_response.HTTPResponse, "_error_catcher"),
-    (urllib3_response.HTTPResponse, "release_conn"),
-    (urllib3_response.HTTPResponse, "close"),
-    (urllib3_response.HTTPResponse, "drain_conn"),
-    (openai_base.SyncAPIClient, "request"),
-    (openai_base.AsyncAPIClient, "request"),
-    (anthropic_base.SyncAPIClient, "request"),
-    (anthropic_base.AsyncAPIClient, "request"),
-    (botocore_client.BaseClient, "_make_api_call"),
-]
+#: The adapters whose hooks ``patched()`` must find: every client, and the SDKs imported here.
+HOOKED = {"aiohttp", "httpcore", "httpcore2", "requests", "openai", "anthropic", "botocore"}
+
+
+@functools.cache
+def patched() -> tuple[tuple[Any, str], ...]:
+    """Every ``(owner, attribute)`` the patch sets hook, read from a throwaway instrumentation:
+    the clients' hooks, the shared resolver's, and those of the SDKs imported here."""
+    Telemetry().instrument()
+    try:
+        adapters = LLMLatencyInstrumentor()._adapters
+        assert {adapter.name for adapter in adapters} >= HOOKED
+        patch_sets = [vars(adapter)["_patches"] for adapter in adapters]
+        patch_sets.append(resolver_hooks._patches)
+        return tuple(pair for patches in patch_sets for pair in patches.installed())
+    finally:
+        llm_latency.uninstrument()
 
 
 def snapshot() -> list[Any]:
-    return [vars(owner).get(name) for owner, name in PATCHED]
+    """What each hooked attribute is now (inherited ones are looked up in the base class)."""
+    return [inspect.getattr_static(owner, name) for owner, name in patched()]
 
 
 def test_every_supported_client_is_instrumented_by_default() -> None:
@@ -108,7 +75,7 @@ async def test_uninstrument_restores_everything(server: LLMServer) -> None:
     telemetry = Telemetry()
     telemetry.instrument()
     changed = [then is not now for now, then in zip(snapshot(), before, strict=True)]
-    assert all(changed), [PATCHED[i] for i, c in enumerate(changed) if not c]
+    assert all(changed), [patched()[i] for i, c in enumerate(changed) if not c]
     llm_latency.uninstrument()
     assert snapshot() == before
     await get(server)

@@ -14,7 +14,8 @@ import httpx2
 import requests
 import urllib3
 
-from llm_latency.instrumentor import LLMLatencyInstrumentor
+from llm_latency import emitter as emitting
+from tests.attributes import attributes
 from tests.conftest import Telemetry
 from tests.servers import LLMServer, unused_port
 
@@ -26,9 +27,9 @@ async def in_thread(work: Callable[[], Any]) -> Any:
 
 
 def open_attempts() -> int:
-    emitter = LLMLatencyInstrumentor().emitter
+    emitter = emitting.active
     assert emitter is not None
-    return len(emitter._open)
+    return len(emitter.in_flight())
 
 
 def assert_every_attempt_ended(telemetry: Telemetry, count: int) -> None:
@@ -158,5 +159,4 @@ async def test_refused_plain_http_connect_has_no_send_phase(telemetry: Telemetry
     await in_thread(work)
     (request,) = telemetry.requests()
     assert set(telemetry.phases(request)) == {"connect"}
-    assert request.attributes is not None
-    assert request.attributes["llm_latency.failed_phase"] == "connect"
+    assert attributes(request)["llm_latency.failed_phase"] == "connect"

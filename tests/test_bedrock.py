@@ -16,6 +16,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
+from dirty_equals import IsFloat, IsStr
 from opentelemetry.instrumentation.botocore import BotocoreInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
@@ -32,6 +33,7 @@ from tests.bedrock_api import (
 )
 from tests.checks import EARLY, OBSERVED_LATE
 from tests.conftest import Telemetry, seconds
+from tests.span_tree import phase_nodes, span_tree
 from tests.test_retries import assert_attempts_and_waits, attrs, by_name, children
 
 MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
@@ -258,14 +260,61 @@ async def test_throttling_retries_grouped_under_the_call(
     assert response["ResponseMetadata"]["RetryAttempts"] == 2
     call = the_call(telemetry, "bedrock-runtime Converse", attempts=3)
     assert_attempts_and_waits(telemetry, call, ["429", "429"])
-    attempts = [s for s in children(telemetry, call) if s.kind is SpanKind.CLIENT]
-    assert [attrs(a)["http.response.status_code"] for a in attempts] == [429, 429, 200]
-    assert [attrs(a).get("error.type") for a in attempts] == ["429", "429", None]
-    ids = [attrs(a)["http.response.header.x-amzn-requestid"] for a in attempts]
-    assert len(set(ids)) == 3
-    assert ids[-1] == (response["ResponseMetadata"]["RequestId"],)
-    for attempt in attempts:
-        assert attempt.name == "POST /model/{modelId}/converse"
+
+    def attempt(resend: int, answer: dict[str, Any]) -> dict[str, Any]:
+        """An attempt of the call: the request, and what the server's ``answer`` adds."""
+        return {
+            "name": "POST /model/{modelId}/converse",
+            "kind": "CLIENT",
+            "attributes": {
+                **({"http.request.resend_count": resend} if resend else {}),
+                **answer,
+                "http.request.method": "POST",
+                "llm_latency.connection.reused": resend > 0,
+                "network.protocol.version": "1.1",
+                "server.address": "127.0.0.1",
+                "server.port": "PORT",
+                "url.full": f"http://127.0.0.1:PORT/model/throttle-2-{mode}-traced/converse",
+                "url.template": "/model/{modelId}/converse",
+            },
+            "children": phase_nodes(
+                *(["connect"] if resend == 0 else []), "send", "wait", "receive"
+            ),
+        }
+
+    throttled = {
+        "error.type": "429",
+        "http.response.header.x-amzn-requestid": [IsStr()],
+        "http.response.status_code": 429,
+    }
+    backoff = {"name": "retry.backoff", "kind": "INTERNAL",
+               "attributes": {"llm_latency.backoff.reason": "429"}}  # fmt: skip
+    answered = {
+        "http.response.header.x-amzn-bedrock-input-token-count": ["3"],
+        "http.response.header.x-amzn-bedrock-invocation-latency": ["42"],
+        "http.response.header.x-amzn-bedrock-output-token-count": ["4"],
+        "http.response.header.x-amzn-requestid": [response["ResponseMetadata"]["RequestId"]],
+        "http.response.status_code": 200,
+        "llm_latency.network_overhead": IsFloat(ge=0),
+        "llm_latency.server.processing_time": 0.042,
+    }
+    # The call, and under it the attempts (a new request id each) and botocore's waits.
+    assert span_tree(telemetry.spans()) == [
+        {
+            "name": "bedrock-runtime Converse",
+            "kind": "INTERNAL",
+            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "botocore"},
+            "children": [
+                attempt(0, throttled),
+                backoff,
+                attempt(1, throttled),
+                backoff,
+                attempt(2, answered),
+            ],
+        }
+    ]
+    ids = {attrs(s).get("http.response.header.x-amzn-requestid") for s in telemetry.requests()}
+    assert len(ids) == 3
 
 
 async def test_throttled_to_the_last_attempt(telemetry: Telemetry, bedrock: BedrockServer) -> None:

@@ -18,6 +18,7 @@ from PIL import Image
 
 from llm_latency.cli.render import PHASE_COLORS
 from llm_latency.testing import LocalDNS
+from tests.checks import SLACK
 from tests.command_line import (
     mock_server,
     one_error_line,
@@ -26,9 +27,6 @@ from tests.command_line import (
     run_cli_process,
 )
 from tests.servers import unused_port
-
-SLACK = 0.3
-
 
 # -- probe against mock-server ------------------------------------------------------------------
 

@@ -19,12 +19,10 @@ already scraped it; the dashboard's 429 panel and its p95 panel must then show i
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import math
 import os
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -48,6 +46,7 @@ from tests.deploy_workload import (
     load_yaml,
     substitute,
 )
+from tests.processes import die_with_parent
 from tests.prometheus_exposition import PROTOBUF, CollectorExporter
 from tests.servers import LLMServer
 
@@ -74,11 +73,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def exit_with_the_test() -> None:
-    """In the child, before exec: SIGTERM when the test process dies (PR_SET_PDEATHSIG)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def bundle_feature_flags() -> list[str]:
@@ -114,7 +108,7 @@ class Prometheus:
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=exit_with_the_test,
+                preexec_fn=die_with_parent,
             )
 
     def get(self, path: str, **params: str) -> Any:

@@ -17,11 +17,9 @@ also loaded into this Prometheus, which must evaluate each of them without error
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -46,18 +44,10 @@ from tests.deploy_workload import (
     data_checks,
     tool,
 )
+from tests.processes import die_with_parent
 
 #: How long the whole module may wait for every query to return data.
 DEADLINE_SECONDS = 40.0
-
-
-def die_with_parent() -> None:
-    """In the child, before exec: Linux sends it SIGTERM when the test process dies, so that no
-    Prometheus outlives an interrupted test run (the workload also stops by itself)."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:

@@ -68,6 +68,7 @@ import trustme
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
+from tests.attributes import attributes
 from tests.bad_servers import BlackHole, RawServer
 from tests.checks import assert_failed, compare, full_backlog
 from tests.conftest import Telemetry
@@ -234,20 +235,19 @@ async def test_crafted_response(telemetry: Telemetry, fault: str, kind: str) -> 
         assert results[0] == results[1]
         assert results[1][0] == int(program_sees)
         request = telemetry.request()
-        assert request.attributes is not None
-        assert request.attributes["http.response.status_code"] == int(program_sees)
-        failure = [request.attributes.get(k) for k in ("llm_latency.failed_phase", "error.type")]
+        assert attributes(request)["http.response.status_code"] == int(program_sees)
+        failure = [attributes(request).get(k) for k in ("llm_latency.failed_phase", "error.type")]
         assert failure == [None, None]
         assert request.status.status_code is StatusCode.UNSET
         assert set(telemetry.phases(request)) == {"connect", "send", "wait", "receive"}
         if fault == "header-without-colon":
             # http.client keeps the headers before the bad line (and drops the rest, so the
             # body is read to the close).
-            assert request.attributes["http.response.header.x-request-id"] == ("req_bad_header",)
+            assert attributes(request)["http.response.header.x-request-id"] == ("req_bad_header",)
         else:
             assert results[1][1] == b"data: {}\n\ndata: [DONE]\n\n"
-            assert request.attributes["http.response.header.x-request-id"] == ("req_until_close",)
-            assert request.attributes["llm_latency.stream.events"] == 2
+            assert attributes(request)["http.response.header.x-request-id"] == ("req_until_close",)
+            assert attributes(request)["llm_latency.stream.events"] == 2
         return
     assert outcome.kind is not None and outcome.kind.__name__ == program_sees
     assert error_type is not None
@@ -257,18 +257,16 @@ async def test_crafted_response(telemetry: Telemetry, fault: str, kind: str) -> 
         first, second = sorted(telemetry.requests(), key=lambda s: s.start_time or 0)
         for attempt in (first, second):
             assert_failed(telemetry, phase, error_type, attempt)
-        assert second.attributes is not None
-        assert second.attributes["http.request.resend_count"] == 1
+        assert attributes(second)["http.request.resend_count"] == 1
         assert first.context is not None
         assert [link.context.span_id for link in second.links] == [first.context.span_id]
         return
     assert_failed(telemetry, phase, error_type)
     request = telemetry.request()
-    assert request.attributes is not None
     if phase == "receive":  # the headers came: the status is on the span
-        assert request.attributes["http.response.status_code"] == 200
+        assert attributes(request)["http.response.status_code"] == 200
     else:
-        assert "http.response.status_code" not in request.attributes
+        assert "http.response.status_code" not in attributes(request)
 
 
 # -- cancellation in each phase (async clients) -----------------------------------------------
@@ -371,8 +369,7 @@ async def test_httpx_cancelled_while_queued(
     assert_failed(telemetry, "queue", "CancelledError", failed)
     assert set(telemetry.phases(failed)) == {"queue"}
     (holder,) = [r for r in telemetry.requests() if r is not failed]
-    assert holder.attributes is not None
-    assert holder.attributes["http.response.status_code"] == 200
+    assert attributes(holder)["http.response.status_code"] == 200
 
 
 @pytest.mark.parametrize("kind", ASYNC_HTTPX)

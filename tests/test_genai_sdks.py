@@ -18,7 +18,6 @@ from typing import Any
 import cohere
 import groq
 import httpx
-import mistralai
 import pytest
 from google import genai
 from google.genai import types as genai_types
@@ -26,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 import llm_latency
+from tests.attributes import attributes
 from tests.checks import compare, run
 from tests.conftest import Telemetry, seconds
 from tests.genai_api import (
@@ -58,8 +58,7 @@ async def provider() -> AsyncIterator[GenAIServer]:
 
 
 def attrs(span: ReadableSpan) -> dict[str, Any]:
-    assert span.attributes is not None
-    return dict(span.attributes)
+    return dict(attributes(span))
 
 
 def children(telemetry: Telemetry, parent: ReadableSpan) -> list[ReadableSpan]:
@@ -564,4 +563,3 @@ def test_tested_versions_are_in_the_supported_ranges() -> None:
             name,
             importlib.metadata.version(SDKS[name].distribution),
         )
-    assert mistralai is not None

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.attributes import attributes
 from tests.bad_servers import BlackHole
 from tests.checks import assert_failed, compare, full_backlog
 from tests.conftest import Telemetry
@@ -134,8 +135,7 @@ async def test_pool_timeout(telemetry: Telemetry, server: LLMServer, kind: str) 
     assert outcome.kind is not None and outcome.kind.__name__ == "PoolTimeout"
     failed = [r for r in telemetry.requests() if r.attributes and "error.type" in r.attributes]
     assert len(failed) == 1
-    assert failed[0].attributes is not None
-    assert failed[0].attributes["llm_latency.failed_phase"] == "queue"
+    assert attributes(failed[0])["llm_latency.failed_phase"] == "queue"
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if k.endswith("async")])

@@ -15,6 +15,7 @@ import aiohttp
 import requests
 
 import llm_latency
+from tests.attributes import attributes
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
 
@@ -82,8 +83,7 @@ def test_two_event_loops_in_two_threads(telemetry: Telemetry) -> None:
     assert len(requests_spans) == 20
     for span in requests_spans:
         assert {"send", "wait", "receive"} <= set(telemetry.phases(span))
-        assert span.attributes is not None
-        assert span.attributes["llm_latency.stream.events"] == 3
+        assert attributes(span)["llm_latency.stream.events"] == 3
     telemetry.assert_all_ended_once()
 
 

@@ -9,8 +9,8 @@ import asyncio
 
 import aiohttp
 
+from llm_latency import emitter as emitting
 from llm_latency.adapters import aiohttp as aiohttp_adapter
-from llm_latency.instrumentor import LLMLatencyInstrumentor
 from tests.attributes import int_attr
 from tests.conftest import Telemetry
 from tests.long_run import long_run
@@ -33,9 +33,9 @@ async def test_a_thousand_concurrent_streams(telemetry: Telemetry, server: LLMSe
     assert {int_attr(r, "llm_latency.stream.events") for r in requests} == {6}
     telemetry.assert_all_ended_once()
     assert aiohttp_adapter._streams == {}
-    emitter = LLMLatencyInstrumentor().emitter
+    emitter = emitting.active
     assert emitter is not None
-    assert emitter._open == set()
+    assert emitter.in_flight() == []
     (duration,) = telemetry.metric_points("http.client.request.duration")
     assert duration.count == 1000
 

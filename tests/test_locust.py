@@ -33,7 +33,8 @@ import pytest
 
 from tests.command_line import mock_server
 from tests.deploy_workload import ROOT, dashboard_queries
-from tests.test_deploy_prometheus import Prometheus, die_with_parent, free_port
+from tests.processes import die_with_parent
+from tests.test_deploy_prometheus import Prometheus, free_port
 
 # One worker runs this module (Locust, a mock server and a Prometheus at once), as one group.
 pytestmark = pytest.mark.xdist_group("locust")

@@ -4,6 +4,7 @@ instrumentations in either order."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import importlib
 import inspect
@@ -29,16 +30,19 @@ from packaging.requirements import Requirement
 
 import llm_latency
 from llm_latency import instrumentor as instrumentor_module
+from llm_latency.adapters import _patching
 from llm_latency.adapters import aiohttp as aiohttp_adapter
 from llm_latency.adapters._patching import PatchSet
 from llm_latency.adapters._resolver import resolver_hooks
+from llm_latency.call_spans import CallSpans
 from llm_latency.emitter import Emitter
 from llm_latency.instrumentor import SDKS, LLMLatencyInstrumentor, Target
 from llm_latency.sse import SSECounter
 from llm_latency.timeline import Timeline
+from tests.attributes import attributes
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
-from tests.test_api import PATCHED, snapshot
+from tests.test_api import patched, snapshot
 
 CLIENTS = ["aiohttp", "httpx", "httpx2", "requests"]
 
@@ -67,15 +71,15 @@ def test_wrappers_keep_signature_names_and_wrapped() -> None:
     telemetry = Telemetry()
     telemetry.instrument()
     try:
-        for (owner, name), original in zip(PATCHED, originals, strict=True):
-            patched = vars(owner)[name]
+        for (owner, name), original in zip(patched(), originals, strict=True):
+            wrapper = vars(owner)[name]
             where = f"{getattr(owner, '__name__', owner)}.{name}"
-            assert patched is not original, where
-            assert inspect.signature(patched) == inspect.signature(original), where
-            assert patched.__name__ == original.__name__, where
-            assert patched.__qualname__ == original.__qualname__, where
-            assert patched.__wrapped__ is original, where
-            assert inspect.iscoroutinefunction(patched) == inspect.iscoroutinefunction(original)
+            assert wrapper is not original, where
+            assert inspect.signature(wrapper) == inspect.signature(original), where
+            assert wrapper.__name__ == original.__name__, where
+            assert wrapper.__qualname__ == original.__qualname__, where
+            assert wrapper.__wrapped__ is original, where
+            assert inspect.iscoroutinefunction(wrapper) == inspect.iscoroutinefunction(original)
     finally:
         llm_latency.uninstrument()
 
@@ -96,6 +100,30 @@ async def test_options_read_from_the_signature_are_not_dropped(
         llm_latency.uninstrument()
     assert body
     assert len(telemetry.requests()) == 1
+
+
+# -- the sync and async wrappers ---------------------------------------------------------------
+
+
+class _Unasync(ast.NodeTransformer):
+    """``async def`` -> ``def``, ``await x`` -> ``x``."""
+
+    def visit_Await(self, node: ast.Await) -> ast.AST:
+        inner: ast.AST = self.visit(node.value)
+        return inner
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
+        self.generic_visit(node)
+        return ast.FunctionDef(**{field: getattr(node, field) for field in node._fields})
+
+
+def test_the_async_wrapper_is_the_sync_one_with_await() -> None:
+    tree = ast.parse(inspect.getsource(_patching))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    sync, awaiting = functions["_sync_wrapper"], functions["_async_wrapper"]
+    unasynced = _Unasync().visit(awaiting)
+    unasynced.name = sync.name
+    assert ast.dump(unasynced) == ast.dump(sync)
 
 
 # -- guarded plugin code ------------------------------------------------------------------------
@@ -146,7 +174,7 @@ def test_a_fault_in_the_retry_helpers_tracing_never_reaches_the_program(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("plugin bug")
 
-    monkeypatch.setattr(Emitter, fault, broken)
+    monkeypatch.setattr(CallSpans, fault, broken)
     calls: list[int] = []
 
     @llm_latency.retry(attempts=3, base_delay=0.0)
@@ -194,13 +222,14 @@ async def test_a_missing_phase_hook_loses_that_phase_only(
 async def test_a_missing_essential_hook_turns_that_client_off(
     server: LLMServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(aiohttp_adapter, "_READER", "aiohttp.streams:RenamedReader")
     before = snapshot()
+    original = vars(aiohttp.ClientSession)["_request"]
+    monkeypatch.setattr(aiohttp_adapter, "_READER", "aiohttp.streams:RenamedReader")
     telemetry = Telemetry()
     with caplog.at_level(logging.WARNING, logger="llm_latency"):
         telemetry.instrument()  # never raises
     try:
-        assert vars(aiohttp.ClientSession)["_request"] is before[0]  # nothing left half-done
+        assert vars(aiohttp.ClientSession)["_request"] is original  # nothing left half-done
         await fetch("aiohttp", server.url())
         await fetch("requests", server.url())
     finally:
@@ -210,8 +239,7 @@ async def test_a_missing_essential_hook_turns_that_client_off(
     assert "is not instrumented" in warning
     assert "aiohttp.streams.RenamedReader" in warning
     (only,) = telemetry.requests()
-    assert only.attributes is not None
-    assert "urllib3" in str(only.attributes.get("url.full")) or only.name.startswith("POST")
+    assert "urllib3" in str(attributes(only).get("url.full")) or only.name.startswith("POST")
     assert snapshot() == before
 
 
@@ -219,9 +247,7 @@ async def test_a_client_outside_its_supported_range_is_skipped(
     server: LLMServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     clients = dict(instrumentor_module.CLIENTS)
-    clients["aiohttp"] = Target(
-        "aiohttp", "aiohttp < 1", "llm_latency.adapters.aiohttp:AiohttpAdapter"
-    )
+    clients["aiohttp"] = Target("aiohttp", "aiohttp < 1", clients["aiohttp"].adapter)
     monkeypatch.setattr(instrumentor_module, "CLIENTS", clients)
     telemetry = Telemetry()
     with caplog.at_level(logging.WARNING, logger="llm_latency"):

@@ -28,7 +28,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from llm_latency.timeline import clock_ns
+from llm_latency.clock import clock_ns
 
 #: How often a loop with attempts in flight is checked (ns): the resolution of the lag.
 INTERVAL_NS = 10_000_000

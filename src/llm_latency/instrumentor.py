@@ -28,6 +28,7 @@ from opentelemetry.instrumentation.dependencies import (
 )
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
+from llm_latency import emitter as emitting
 from llm_latency import semconv
 from llm_latency.adapters._patching import Unavailable, module_installed
 from llm_latency.emitter import Emitter
@@ -42,24 +43,31 @@ class Adapter(Protocol):
     """What the instrumentor needs of a client adapter."""
 
     name: str
-    #: Capabilities this version of the library does not let the adapter observe.
-    lost: list[str]
+
+    @property
+    def lost(self) -> list[str]:
+        """Capabilities this version of the library does not let the adapter observe."""
+        ...
 
     def install(self) -> None: ...
 
     def uninstall(self) -> None: ...
 
 
+#: Makes the adapter of one library, for an emitter.
+AdapterFactory = Callable[[Emitter], Adapter]
+
+
 @dataclass(frozen=True)
 class Target:
     """A library llm-latency hooks: the module whose import installs the adapter, the
-    distribution whose version decides, its supported range, and the adapter class
-    (``module:Class``). ``older_module``: the module to wait for instead when ``module`` does
-    not exist (the library's layout before a rename)."""
+    distribution whose version decides, its supported range, and what makes the adapter.
+    ``older_module``: the module to wait for instead when ``module`` does not exist (the
+    library's layout before a rename)."""
 
     module: str
     requirement: str
-    adapter: str
+    adapter: AdapterFactory
     older_module: str | None = None
 
     @property
@@ -74,47 +82,76 @@ class Target:
         return None
 
 
+# Each adapter module is imported when its library is: ``import llm_latency`` pays for none
+# of them (the aiohttp and requests adapters import their library).
+
+
+def _aiohttp(emitter: Emitter) -> Adapter:
+    from llm_latency.adapters.aiohttp import AiohttpAdapter
+
+    return AiohttpAdapter(emitter)
+
+
+def _requests(emitter: Emitter) -> Adapter:
+    from llm_latency.adapters.requests import RequestsAdapter
+
+    return RequestsAdapter(emitter)
+
+
+def _litellm(emitter: Emitter) -> Adapter:
+    from llm_latency.adapters.litellm import LiteLLMAdapter
+
+    return LiteLLMAdapter(emitter)
+
+
+def _httpcore(module: str) -> AdapterFactory:
+    """The adapter of ``httpcore`` or ``httpcore2``."""
+
+    def make(emitter: Emitter) -> Adapter:
+        from llm_latency.adapters.httpcore import HttpcoreAdapter
+
+        return HttpcoreAdapter(emitter, module)
+
+    return make
+
+
+def _sdk(sdk: str) -> AdapterFactory:
+    """The adapter of one SDK of ``adapters.sdks.SDK_CALLS``."""
+
+    def make(emitter: Emitter) -> Adapter:
+        from llm_latency.adapters.sdks import SdkAdapter
+
+        return SdkAdapter(emitter, sdk)
+
+    return make
+
+
 #: Client name -> what it hooks. The ranges are the versions CI tests (oldest and newest).
 CLIENTS: dict[str, Target] = {
-    "aiohttp": Target(
-        "aiohttp", "aiohttp >= 3.12.11, < 4", "llm_latency.adapters.aiohttp:AiohttpAdapter"
-    ),
-    "httpx": Target(
-        "httpcore", "httpcore >= 1.0.9, < 2", "llm_latency.adapters.httpcore:HttpxAdapter"
-    ),
-    "httpx2": Target(
-        "httpcore2", "httpcore2 >= 2.7, < 3", "llm_latency.adapters.httpcore:Httpx2Adapter"
-    ),
-    "requests": Target(
-        "urllib3", "urllib3 >= 2.0.2, < 3", "llm_latency.adapters.requests:RequestsAdapter"
-    ),
+    "aiohttp": Target("aiohttp", "aiohttp >= 3.12.11, < 4", _aiohttp),
+    "httpx": Target("httpcore", "httpcore >= 1.0.9, < 2", _httpcore("httpcore")),
+    "httpx2": Target("httpcore2", "httpcore2 >= 2.7, < 3", _httpcore("httpcore2")),
+    "requests": Target("urllib3", "urllib3 >= 2.0.2, < 3", _requests),
 }
 
 #: SDKs whose calls get one logical parent span around their retries (always, when installed).
 SDKS: dict[str, Target] = {
-    "openai": Target("openai", "openai >= 3.0, < 4", "llm_latency.adapters.sdks:OpenAIAdapter"),
-    "anthropic": Target(
-        "anthropic", "anthropic >= 2.0, < 3", "llm_latency.adapters.sdks:AnthropicAdapter"
-    ),
-    "groq": Target("groq", "groq >= 1.0, < 2", "llm_latency.adapters.sdks:GroqAdapter"),
-    "google-genai": Target(
-        "google.genai", "google-genai >= 3.0, < 4", "llm_latency.adapters.sdks:GoogleGenAIAdapter"
-    ),
+    "openai": Target("openai", "openai >= 3.0, < 4", _sdk("openai")),
+    "anthropic": Target("anthropic", "anthropic >= 2.0, < 3", _sdk("anthropic")),
+    "groq": Target("groq", "groq >= 1.0, < 2", _sdk("groq")),
+    "google-genai": Target("google.genai", "google-genai >= 3.0, < 4", _sdk("google-genai")),
     # mistralai 2 and later are a namespace package (an import hook on it never runs) with
     # the SDK under mistralai.client; 1.x is the package itself.
     "mistralai": Target(
         "mistralai.client.basesdk",
         "mistralai >= 1.5, < 4",
-        "llm_latency.adapters.sdks:MistralAdapter",
+        _sdk("mistralai"),
         older_module="mistralai",
     ),
-    "cohere": Target("cohere", "cohere >= 7.0, < 8", "llm_latency.adapters.sdks:CohereAdapter"),
-    "botocore": Target(
-        "botocore", "botocore >= 1.35, < 2", "llm_latency.adapters.sdks:BotocoreAdapter"
-    ),
-    "litellm": Target(
-        "litellm", "litellm >= 1.83.0, < 2", "llm_latency.adapters.litellm:LiteLLMAdapter"
-    ),
+    "cohere": Target("cohere", "cohere >= 7.0, < 8", _sdk("cohere")),
+    # Bedrock's runtimes only (aiobotocore's AioBaseClient overrides the hooked method).
+    "botocore": Target("botocore", "botocore >= 1.35, < 2", _sdk("botocore")),
+    "litellm": Target("litellm", "litellm >= 1.83.0, < 2", _litellm),
 }
 
 
@@ -158,9 +195,7 @@ def _load(name: str, target: Target, emitter: Emitter) -> Adapter | None:
         return None
     adapter: Adapter | None = None
     try:
-        module_name, _, class_name = target.adapter.partition(":")
-        adapter = getattr(importlib.import_module(module_name), class_name)(emitter)
-        assert adapter is not None
+        adapter = target.adapter(emitter)
         adapter.install()
     except Exception as exc:
         if adapter is not None:
@@ -239,7 +274,7 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             phase_span_fast_path=bool(kwargs.get("phase_span_fast_path", True)),
             before_first_request=before_first_request,
         )
-        self.emitter = self._live = emitter
+        self.emitter = self._live = emitting.active = emitter
         self._adapters = []
         chosen = [(name, CLIENTS[name]) for name in select_clients(kwargs.get("clients"))]
         chosen += [(name, target) for name, target in SDKS.items() if target.trigger()]
@@ -276,4 +311,4 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 adapters.pop().uninstall()
         if self.emitter is not None:
             self.emitter.finish_all()
-        self.emitter = None
+        self.emitter = emitting.active = None

@@ -19,8 +19,8 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llm_latency import headers, semconv
+from llm_latency.attempt_record import AttemptRecord
 from llm_latency.facts import AttemptFacts
-from llm_latency.timeline import Timeline
 
 Attributes = tuple[tuple[str, Any], ...]
 
@@ -108,7 +108,7 @@ class AttemptMetrics:
             explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
         self.server_processing = meter.create_histogram(
-            semconv.SERVER_PROCESSING_DURATION,
+            semconv.SERVER_PROCESSING_TIME,
             unit="s",
             description="Server processing time the provider reported (openai-processing-ms).",
             explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
@@ -161,16 +161,17 @@ class AttemptMetrics:
         shared with the phase's span, see ``PhaseSpanWriter.attributes``)."""
         self.phase_duration.record(seconds, attributes, context)
 
-    def record(self, timeline: Timeline, facts: AttemptFacts, context: Context) -> None:
+    def record(self, attempt: AttemptRecord, facts: AttemptFacts, context: Context) -> None:
         """Record one finished attempt: its duration, the provider's time, the first chunk, the
         loop lag, 429s, connection reuse and the rate-limit state its headers give."""
-        host = timeline.host
+        host = attempt.host
+        timeline = attempt.timeline
         attributes: dict[str, Any] = {
-            semconv.HTTP_REQUEST_METHOD: timeline.method,
+            semconv.HTTP_REQUEST_METHOD: attempt.method,
             semconv.SERVER_ADDRESS: host,
         }
-        if timeline.port is not None:
-            attributes[semconv.SERVER_PORT] = timeline.port
+        if attempt.port is not None:
+            attributes[semconv.SERVER_PORT] = attempt.port
         status = facts.status
         if status is not None:
             attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = status

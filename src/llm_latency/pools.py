@@ -28,7 +28,7 @@ from llm_latency import semconv
 from llm_latency.timeline import QUEUE
 
 if TYPE_CHECKING:
-    from llm_latency.timeline import Timeline
+    from llm_latency.attempt_record import AttemptRecord
 
 HostPort = tuple[str, "int | None"]
 
@@ -119,7 +119,7 @@ class PoolMetrics:
     def __init__(
         self,
         meter: Meter,
-        in_flight: Callable[[], Iterable[Timeline]],
+        in_flight: Callable[[], Iterable[AttemptRecord]],
         report: Callable[[str], None],
     ) -> None:
         self._in_flight = in_flight
@@ -220,7 +220,7 @@ class PoolMetrics:
     def _observe_in_flight(self, queued_only: bool) -> list[Observation]:
         counts: dict[HostPort, int] = {}
         for attempt in self._in_flight():
-            if not attempt.host or (queued_only and attempt.current_phase != QUEUE):
+            if not attempt.host or (queued_only and attempt.timeline.current_phase != QUEUE):
                 continue
             key = (attempt.host, attempt.port)
             counts[key] = counts.get(key, 0) + 1

@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
+from llm_latency import emitter as emitting
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.headers import retry_after as parse_retry_after
 
@@ -152,12 +153,6 @@ class _Plan:
         return wait, asked
 
 
-def _emitter() -> Any:
-    from llm_latency.instrumentor import LLMLatencyInstrumentor
-
-    return LLMLatencyInstrumentor().emitter
-
-
 class _Run:
     """One decorated call in the trace: its logical span, the attempt number its HTTP attempts
     carry, and a ``retry.backoff`` span around each wait. The tracing is plugin code: a fault
@@ -165,17 +160,18 @@ class _Run:
 
     def __init__(self, name: str, plan: _Plan) -> None:
         self._plan = plan
-        self._emitter = _emitter()
+        self._emitter = emitting.active
         self.call = LogicalCall(own_backoffs=True)
         self._attached: Token[Context] | None = None
         self._exit_call: Callable[[Token[Context] | None], None] | None = None
         self._backoff: Span | None = None
         if self._emitter is not None:
             try:
-                self.call = self._emitter.open_call(name, {}, own_backoffs=True)
-                self._attached = self._emitter.enter_call(self.call)
+                calls = self._emitter.calls
+                self.call = calls.open_call(name, {}, own_backoffs=True)
+                self._attached = calls.enter_call(self.call)
                 # Left even after a fault: the call's span stays current until it returns.
-                self._exit_call = self._emitter.exit_call
+                self._exit_call = calls.exit_call
             except Exception:
                 self._fault("opening the call")
         self._token = current_call.set(self.call)
@@ -185,7 +181,7 @@ class _Run:
         if emitter is not None:
             emitter.failed_once(f"llm_latency.retry {what}")
             with contextlib.suppress(Exception):  # the call's span still ends, once
-                emitter.abandon_call(self.call)
+                emitter.calls.abandon_call(self.call)
 
     def attempt(self, number: int) -> None:
         """Attempt ``number`` (from 0) starts."""
@@ -199,7 +195,7 @@ class _Run:
             return None
         if self._emitter is not None:
             try:
-                self._backoff = self._emitter.start_backoff(
+                self._backoff = self._emitter.calls.start_backoff(
                     reason_of(error), wait[1], self.call.last_host
                 )
             except Exception:
@@ -212,7 +208,7 @@ class _Run:
         if span is None or self._emitter is None:
             return
         try:
-            self._emitter.end_backoff(span, interrupted)
+            self._emitter.calls.end_backoff(span, interrupted)
         except Exception:
             self._fault("ending a backoff")
 
@@ -223,7 +219,7 @@ class _Run:
             if self._exit_call is not None:
                 self._exit_call(self._attached)
             if self._emitter is not None:
-                self._emitter.close_call(self.call, error)
+                self._emitter.calls.close_call(self.call, error)
         except Exception:
             self._fault("closing the call")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Final
 
 from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_REQUEST_MODEL,
     GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
 )
 from opentelemetry.semconv._incubating.attributes.http_attributes import (
@@ -41,6 +43,8 @@ from llm_latency.timeline import PHASE_NAMES
 __all__ = [
     "ERROR_TYPE",
     "GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK",
+    "GEN_AI_OPERATION_NAME",
+    "GEN_AI_REQUEST_MODEL",
     "GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK",
     "HTTP_CLIENT_ACTIVE_REQUESTS",
     "HTTP_CLIENT_CONNECTION_DURATION",
@@ -84,7 +88,6 @@ BACKOFF_SPAN: Final = "retry.backoff"
 PHASE_SPAN_NAMES: Final[tuple[str, ...]] = tuple("http." + name for name in PHASE_NAMES)
 
 PHASE_DURATION: Final = "llm_latency.phase.duration"
-SERVER_PROCESSING_DURATION: Final = "llm_latency.server.processing_time"
 RETRIES: Final = "llm_latency.retries"
 RATE_LIMITED: Final = "llm_latency.rate_limited"
 CONNECTIONS: Final = "llm_latency.connections"

@@ -12,11 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+from llm_latency.clock import clock_ns as clock_ns  # importable from here too
 
-    from llm_latency.calls import LogicalCall
-    from llm_latency.event_loop import LoopLagMonitor
+if TYPE_CHECKING:
     from llm_latency.streams import StreamCounter
 
 QUEUE: Final = 0
@@ -38,9 +36,6 @@ PHASE_NAMES: Final[tuple[str, ...]] = (
     "receive",
 )
 
-#: The clock of every Timeline reading (monotonic, ns).
-clock_ns = time.perf_counter_ns
-
 RawHeaders = Sequence[tuple[Any, Any]]
 
 
@@ -51,7 +46,6 @@ class Timeline:
         "_bounds",
         "_current",
         "bytes_received",
-        "call",
         "chunks",
         "end_ns",
         "ended",
@@ -59,17 +53,13 @@ class Timeline:
         "error",
         "failed_phase",
         "first_chunk_ns",
-        "host",
         "last_chunk_ns",
-        "loop_monitor",
         "max_gap_ns",
         "method",
-        "port",
         "protocol_version",
         "resend_count",
         "response_headers",
         "reused",
-        "span",
         "start_ns",
         "status_code",
         "stream",
@@ -79,20 +69,18 @@ class Timeline:
     def __init__(self, method: str, url: str) -> None:
         self.start_ns = clock_ns()
         self.epoch_start_ns = time.time_ns()
-        self.method = method  # as the client sent it; in its semconv form once the span starts
+        self.method = method  # as the client sent it
         self.url = url
-        self.host = ""
-        self.port: int | None = None
         # [start, end] per phase, flattened; 0 means "did not happen".
         self._bounds = [0] * (2 * len(PHASE_NAMES))
         self._current = -1
         self.end_ns = 0
         self.ended = False
-        self.span: Span | None = None  # the request span, once the emitter started it
         self.status_code: int | None = None
         self.protocol_version: str | None = None
         self.response_headers: RawHeaders | None = None
         self.reused: bool | None = None
+        #: What the client says of its own retries (a retry-count header, urllib3's history).
         self.resend_count = 0
         self.error: BaseException | None = None
         self.failed_phase: int | None = None
@@ -102,8 +90,6 @@ class Timeline:
         self.chunks = 0
         self.bytes_received = 0
         self.stream: StreamCounter | None = None  # counts a streamed body's events
-        self.call: LogicalCall | None = None  # the logical call of this attempt, if any
-        self.loop_monitor: LoopLagMonitor | None = None  # its event loop's (async clients)
 
     # -- phases -------------------------------------------------------------------------------
 

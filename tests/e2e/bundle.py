@@ -37,6 +37,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.processes import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose"
 COMPOSE_FILE = COMPOSE / "docker-compose.yaml"
@@ -152,6 +154,11 @@ class Service:
     starts: int = 0
 
     def start(self, timeout: float = 60) -> None:
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            urllib.request.urlopen(self.ready_url, timeout=2).close()
+            pytest.fail(
+                f"{self.ready_url} answers before {self.name} starts: a bundle left running?"
+            )
         self.starts += 1
         with self.log.open("ab") as log:
             log.write(f"--- start {self.starts}: {' '.join(self.command)}\n".encode())
@@ -161,6 +168,7 @@ class Service:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -22,9 +22,9 @@ import pytest
 
 from tests.e2e.bundle import ADDRESSES, ROOT, Bundle, Service
 
-#: How long the alert scenarios run: long enough for two of the 31 s slow waits to end and for
-#: Prometheus (15 s scrapes, 15 s rule evaluations) to see them.
-ALERT_SECONDS = 75.0
+#: How long the alert scenarios run: long enough for the traces checks before them, then for the
+#: 31 s slow waits to end and Prometheus (15 s scrapes and rule evaluations) to see them.
+ALERT_SECONDS = 150.0
 
 RULES = ROOT / "deploy" / "compose" / "prometheus" / "rules"
 

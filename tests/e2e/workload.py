@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import ssl
 import sys
@@ -161,10 +162,16 @@ async def scripted_calls() -> None:
 # -- alerts ---------------------------------------------------------------------------------
 
 
+#: The alert scenarios, each a host name of its own (server_address): tests/e2e/test_metrics.py.
+SCENARIOS = ["healthy", "slow-wait", "slow-stream", "rate-limited", "retried", "fresh", "slow-dns",
+             "nearly-out", "pool"]  # fmt: skip
+
+
 def _tls() -> tuple[ssl.SSLContext, ssl.SSLContext]:
     ca = trustme.CA()
     server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("*.test").configure_cert(server_ssl)
+    # one name each: OpenSSL matches no wildcard directly under a top-level domain (*.test)
+    ca.issue_cert(*(f"{name}.test" for name in SCENARIOS)).configure_cert(server_ssl)
     client_ssl = ssl.create_default_context()
     ca.configure_trust(client_ssl)
     return server_ssl, client_ssl
@@ -196,15 +203,14 @@ async def alert_scenarios(seconds: float) -> None:
                 async with session(nameserver=nameserver) as client:
                     await post(client, host, wait=0.01)
 
-            number = iter(range(1_000_000))
-
             @llm_latency.retry(attempts=3, base_delay=0.01, max_delay=0.05)
-            async def retried(client: aiohttp.ClientSession) -> None:
-                url = server.url(
-                    host="retried.test", scenario=f"r{next(number)}", fail=1, retry_ms=10
-                )
+            async def retried(client: aiohttp.ClientSession, scenario: str) -> None:
+                # the server fails the first attempt of each scenario: the retry succeeds
+                url = server.url(host="retried.test", scenario=scenario, fail=1, retry_ms=10)
                 async with client.post(url, json={}, raise_for_status=True) as response:
                     await response.read()
+
+            calls = itertools.count()
 
             async with session() as pooled, session(limit=1) as narrow:
                 await asyncio.gather(
@@ -212,7 +218,7 @@ async def alert_scenarios(seconds: float) -> None:
                     loop(0, lambda: post(pooled, "slow-wait.test", wait=31)),
                     loop(0, lambda: post(pooled, "slow-stream.test", wait=11, chunks=3, sse=1)),
                     loop(0.5, lambda: post(pooled, "rate-limited.test", status=429)),
-                    loop(0.5, lambda: retried(pooled)),
+                    loop(0.5, lambda: retried(pooled, f"call-{next(calls)}")),
                     loop(0.5, lambda: fresh("fresh.test", dns.nameserver)),
                     loop(0.5, lambda: fresh("slow-dns.test", slow.nameserver)),
                     loop(

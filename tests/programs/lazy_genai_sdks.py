@@ -41,7 +41,7 @@ def main(base_url: str) -> None:
 
     import cohere.core.http_client
     import google.genai._api_client
-    import mistralai
+    import mistralai  # noqa: F401  (mistralai 2's hook goes in at this import)
 
     try:
         from mistralai.client import basesdk
@@ -52,7 +52,6 @@ def main(base_url: str) -> None:
         "mistralai": basesdk.BaseSDK.do_request,
         "cohere": cohere.core.http_client.HttpClient.request,
     }
-    assert mistralai is not None
     hooked = [name for name, method in methods.items() if hasattr(method, "__wrapped__")]
     print(f"OK hooked: {' '.join(hooked)}")
 

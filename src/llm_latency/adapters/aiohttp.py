@@ -30,9 +30,11 @@ from functools import partial
 from typing import Any, Final
 
 from aiohttp.client_exceptions import ClientConnectionError
+from opentelemetry.trace import Span
 
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import is_ip_literal
+from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
 from llm_latency.headers import request_resend_count
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolRow
@@ -47,7 +49,6 @@ from llm_latency.timeline import (
     TLS,
     WAIT,
     Timeline,
-    clock_ns,
 )
 
 _SESSION: Final = "aiohttp.client:ClientSession"
@@ -66,7 +67,7 @@ class _SessionRequest:
 
     def __init__(self) -> None:
         self.attempt: Timeline | None = None
-        self.last: Timeline | None = None
+        self.last: Span | None = None  # the request span of the attempt before
         self.attempts = 0
         self.tls_expected = False
 
@@ -221,7 +222,7 @@ class AiohttpAdapter:
         attempt = Timeline(req.method, str(url))
         attempt.resend_count = call.attempts + request_resend_count(req.headers)
         call.attempts += 1
-        self._emitter.start(
+        call.last = self._emitter.start(
             attempt,
             url.raw_host or "",
             url.port,
@@ -230,7 +231,7 @@ class AiohttpAdapter:
             call.last,
             on_loop=True,
         )
-        call.last = call.attempt = attempt
+        call.attempt = attempt
         return attempt
 
     def _abandon(self, state: tuple[_SessionRequest, Timeline, Any]) -> None:

@@ -426,17 +426,3 @@ def _read_pool(pool: Any, lifetimes: ConnectionLifetimes) -> Iterator[PoolRow]:
         rows.setdefault(host, [0, 0])[1 if connection.is_idle() else 0] += 1
     for host, (active, idle) in rows.items():
         yield host, active, idle, limit
-
-
-class HttpxAdapter(HttpcoreAdapter):
-    """httpx, through httpcore."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "httpcore")
-
-
-class Httpx2Adapter(HttpcoreAdapter):
-    """httpx2 (openai>=3, anthropic>=2), through httpcore2."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "httpcore2")

@@ -31,11 +31,6 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any
 
-from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
-    GEN_AI_OPERATION_NAME,
-    GEN_AI_REQUEST_MODEL,
-)
-
 from llm_latency import semconv
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
 from llm_latency.calls import LogicalCall, current_call
@@ -54,7 +49,7 @@ class LiteLLMAdapter:
     name = "litellm"
 
     def __init__(self, emitter: Emitter) -> None:
-        self._emitter = emitter
+        self._spans = emitter.calls
         self._patches = PatchSet("litellm", emitter.failed_once)
         self.lost: list[str] = self._patches.lost
 
@@ -102,18 +97,18 @@ class LiteLLMAdapter:
         if not tracing_allowed():
             return SKIP
         model = args[0] if args else kwargs.get("model")
-        attributes: dict[str, Any] = {semconv.SDK: "litellm", GEN_AI_OPERATION_NAME: "chat"}
+        attributes: dict[str, Any] = {semconv.SDK: "litellm", semconv.GEN_AI_OPERATION_NAME: "chat"}
         if isinstance(model, str):
-            attributes[GEN_AI_REQUEST_MODEL] = model
-        call = self._emitter.open_call(f"litellm {function}", attributes)
-        return call, _running.set(call), current_call.set(call), self._emitter.enter_call(call)
+            attributes[semconv.GEN_AI_REQUEST_MODEL] = model
+        call = self._spans.open_call(f"litellm {function}", attributes)
+        return call, _running.set(call), current_call.set(call), self._spans.enter_call(call)
 
     def _exit(self, state: _State, error: BaseException | None) -> None:
         call, running, token, attached = state
-        self._emitter.exit_call(attached)
+        self._spans.exit_call(attached)
         current_call.reset(token)
         _running.reset(running)
-        self._emitter.close_call(call, error)
+        self._spans.close_call(call, error)
 
     def _returns(self, state: _State, result: Any) -> Any:
         self._exit(state, None)

@@ -141,7 +141,7 @@ def _stainless_layout(package: str) -> tuple[Layout, ...]:
 
 
 #: Every SDK llm-latency groups calls for, by the name its spans carry.
-SDKS: dict[str, SdkCalls] = {
+SDK_CALLS: dict[str, SdkCalls] = {
     "openai": SdkCalls("openai", _stainless_layout("openai"), _http_call(_stainless)),
     "anthropic": SdkCalls("anthropic", _stainless_layout("anthropic"), _http_call(_stainless)),
     "groq": SdkCalls("groq", _stainless_layout("groq"), _http_call(_stainless)),
@@ -205,12 +205,13 @@ def _target(name: str, hook: Hook) -> tuple[str, str, Hook]:
 
 
 class SdkAdapter:
-    """Hooks one SDK's call methods (see :data:`SDKS`)."""
+    """Hooks one SDK's call methods (see :data:`SDK_CALLS`); ``sdk`` names it there."""
 
     def __init__(self, emitter: Emitter, sdk: str) -> None:
         self.name = sdk
-        self._calls = SDKS[sdk]
+        self._calls = SDK_CALLS[sdk]
         self._emitter = emitter
+        self._spans = emitter.calls
         self._patches = PatchSet(sdk, emitter.failed_once)
         self.lost: list[str] = self._patches.lost
 
@@ -247,17 +248,17 @@ class SdkAdapter:
 
     def open(self, name: str) -> _State:
         """Open the call named ``name`` and make it current; :meth:`close` ends it."""
-        call = self._emitter.open_call(name, {semconv.SDK: self.name}, numbers_attempts=True)
-        return call, current_call.set(call), _inside.set(self.name), self._emitter.enter_call(call)
+        call = self._spans.open_call(name, {semconv.SDK: self.name}, numbers_attempts=True)
+        return call, current_call.set(call), _inside.set(self.name), self._spans.enter_call(call)
 
     def close(self, state: _State, error: BaseException | None) -> None:
         """The SDK method returned (or raised): the call ends now, or with its stream."""
         call, token, inside, attached = state
-        self._emitter.exit_call(attached)
+        self._spans.exit_call(attached)
         _inside.reset(inside)
         current_call.reset(token)
         # An SDK may return its last, failed response and raise only above this method.
-        self._emitter.close_call(call, error, returned_failure=True)
+        self._spans.close_call(call, error, returned_failure=True)
 
     def _enter(self, client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         name = self._describe(client, args, kwargs)
@@ -328,53 +329,3 @@ class _CallOnEnter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-
-class OpenAIAdapter(SdkAdapter):
-    """The openai SDK."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "openai")
-
-
-class AnthropicAdapter(SdkAdapter):
-    """The anthropic SDK."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "anthropic")
-
-
-class GroqAdapter(SdkAdapter):
-    """The groq SDK."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "groq")
-
-
-class GoogleGenAIAdapter(SdkAdapter):
-    """The google-genai SDK (Gemini API and Vertex AI)."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "google-genai")
-
-
-class MistralAdapter(SdkAdapter):
-    """The mistralai SDK."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "mistralai")
-
-
-class CohereAdapter(SdkAdapter):
-    """The cohere SDK."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "cohere")
-
-
-class BotocoreAdapter(SdkAdapter):
-    """botocore, for the Bedrock runtimes (aiobotocore's ``AioBaseClient`` overrides the
-    hooked method: not hooked)."""
-
-    def __init__(self, emitter: Emitter) -> None:
-        super().__init__(emitter, "botocore")

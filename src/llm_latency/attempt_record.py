@@ -1,0 +1,60 @@
+"""What the emitter keeps of one attempt while it runs, beside the adapter's ``Timeline``.
+
+The Timeline holds what the client library did (timestamps, facts, the method as the client
+sent it); an :class:`AttemptRecord` holds what the emitter decided when the attempt started:
+its request span, the method in its semconv form, the target, the attempt's number in its
+logical call, and the event-loop monitor that watches it. The emitter never writes into the
+Timeline.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from llm_latency.calls import LogicalCall
+    from llm_latency.event_loop import LoopLagMonitor
+    from llm_latency.timeline import Timeline
+
+
+class AttemptRecord:
+    """One started attempt, as the emitter sees it (read by the metrics and the pool
+    metrics too)."""
+
+    __slots__ = (
+        "call",
+        "host",
+        "loop_monitor",
+        "method",
+        "port",
+        "resend_count",
+        "span",
+        "timeline",
+    )
+
+    def __init__(
+        self,
+        timeline: Timeline,
+        span: Span,
+        method: str,
+        host: str,
+        port: int | None,
+        resend_count: int,
+        call: LogicalCall | None,
+    ) -> None:
+        self.timeline = timeline
+        #: The request span.
+        self.span = span
+        #: ``http.request.method``: the client's method, or ``_OTHER`` for an unknown one.
+        self.method = method
+        self.host = host
+        self.port = port
+        #: ``http.request.resend_count``: the client's own count, or the attempt's number in
+        #: its logical call, whichever is higher.
+        self.resend_count = resend_count
+        #: The logical call this attempt belongs to, if any.
+        self.call = call
+        #: The monitor of the event loop the attempt runs on (async clients), until it ends.
+        self.loop_monitor: LoopLagMonitor | None = None
