@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
-from llm_latency import event_loop
+from llm_latency import event_loop, setup
 
 if TYPE_CHECKING:  # the SDK is an extra: imported only where llm-latency sets it up
     from opentelemetry.sdk.metrics import MeterProvider
@@ -324,3 +324,5 @@ def _forget_metric_points(meter_provider: Any) -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+setup.WHEN_SET_UP.append(own)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
@@ -40,6 +40,10 @@ _OTLP_BY_PROTOCOL = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grp
 
 _lock = threading.Lock()
 _decided = False
+
+#: Called with the tracer provider, the meter provider and the export health once llm-latency
+#: has set the SDK up: ``lifecycle.own``, registered at its import (this module sits below it).
+WHEN_SET_UP: list[Callable[[Any, Any, Any], None]] = []
 
 
 def tracer_provider_is_set() -> bool:
@@ -139,7 +143,6 @@ def _configure() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from llm_latency import lifecycle
     from llm_latency.export_health import ExportHealth, QuietMetricExporter, QuietSpanExporter
 
     health = ExportHealth()
@@ -163,4 +166,5 @@ def _configure() -> None:
     )
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
-    lifecycle.own(tracer_provider, meter_provider, health)
+    for hook in WHEN_SET_UP:
+        hook(tracer_provider, meter_provider, health)

@@ -32,6 +32,7 @@ FIRES_ON = {
     "LLMConnectionPoolSaturated": "pool.test",
 }
 
+
 def query(run: Run, promql: str, at: float | None = None) -> list[dict[str, Any]]:
     answer = get_json(
         run.bundle.url("prometheus", 9090, "/api/v1/query"),
