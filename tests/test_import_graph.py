@@ -23,8 +23,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("llm_latency",),
     # what OpenTelemetry loads by entry point
     ("llm_latency.instrumentor", "llm_latency.console_exporter"),
-    # the hooks on client libraries and SDKs, and the retry helper: they drive the emitter
-    ("llm_latency.adapters", "llm_latency.retry"),
+    # the hooks on client libraries and SDKs, and the retry helper: they drive the emitter;
+    # the ends of a process llm-latency flushes at (it hooks uvicorn through the adapters' layer)
+    ("llm_latency.adapters", "llm_latency.retry", "llm_latency.lifecycle"),
     # attempts into spans and metrics
     ("llm_latency.emitter",),
     # the emitter's parts

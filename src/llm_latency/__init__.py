@@ -1,6 +1,7 @@
 """llm-latency: where the time of every LLM API call went, phase by phase, in OpenTelemetry.
 
-Call :func:`instrument` once at start-up.
+Call :func:`instrument` once at start-up; :func:`flush` at the end of each invocation of a job
+or serverless handler that freezes between invocations.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from opentelemetry.trace import TracerProvider
 
 from llm_latency.diagnosis import Finding, diagnose
 from llm_latency.instrumentor import LLMLatencyInstrumentor
+from llm_latency.lifecycle import flush, use_providers
 from llm_latency.retry import retry
 from llm_latency.setup import configure_if_unset
 from llm_latency.version import __version__
@@ -21,6 +23,7 @@ __all__ = [
     "LLMLatencyInstrumentor",
     "__version__",
     "diagnose",
+    "flush",
     "instrument",
     "retry",
     "uninstrument",
@@ -64,6 +67,7 @@ def instrument(
     if instrumentor.is_instrumented_by_opentelemetry:
         return
     configure_later = configure and tracer_provider is None and meter_provider is None
+    use_providers(tracer_provider, meter_provider)
     instrumentor.instrument(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
@@ -80,3 +84,4 @@ def uninstrument() -> None:
     instrumentor = LLMLatencyInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.uninstrument()
+        use_providers(None, None)

@@ -2,9 +2,9 @@
 
 An unreachable collector must not flood the program's log or hold up its exit: the exporters'
 own log records are held back, the first failed export is reported in one warning line (with
-the first held-back message as its detail), and at exit the last export gets
-``EXIT_BUDGET_S`` unless exports are known to be working. None of this applies to exporters
-the program set up: those are the program's to configure.
+the first held-back message as its detail), and at the end of the process the last export
+gets ``lifecycle.EXIT_BUDGET_S`` unless exports are known to be working. None of this applies
+to exporters the program set up: those are the program's to configure.
 """
 
 from __future__ import annotations
@@ -90,11 +90,40 @@ class ExportHealth:
             "%s", warning_line(signal, getattr(exporter, "_endpoint", None), self.detail)
         )
 
+    @property
+    def working(self) -> bool:
+        """Whether the last export went through."""
+        return self._working
+
+    def after_fork(self) -> None:
+        """In a forked child: its exports are its own, and so is its report of a failure."""
+        self.closed = False
+        self._working = False
+        self._warned = False
+        self.detail = None
+
+    def timed_out(self, budget_s: float) -> None:
+        """A flush did not end within ``budget_s``: reported as a failed export, once."""
+        if self._warned or self._working:
+            return
+        self._warned = True
+        _logger.warning(
+            "llm-latency: could not export within %.1f s%s; later export errors are not logged "
+            "(llm-latency set up the OpenTelemetry SDK, since the program did not)",
+            budget_s,
+            f": {self.detail}" if self.detail else "",
+        )
+
     def shut_down(
-        self, tracer_provider: TracerProvider, meter_provider: MeterProvider, budget_s: float
+        self,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider,
+        budget_s: float,
+        working_budget_s: float,
     ) -> None:
-        """At exit: flush and shut both providers down, within ``budget_s`` unless exports are
-        known to work; past it, the exporters are shut down and what is left is dropped."""
+        """At the end of the process: flush and shut both providers down, within ``budget_s``
+        (``working_budget_s`` when exports are known to work); past it, the exporters are shut
+        down and what is left is dropped."""
         worker = threading.Thread(
             target=_shut_down_providers,
             args=(tracer_provider, meter_provider),
@@ -102,7 +131,7 @@ class ExportHealth:
             daemon=True,
         )
         worker.start()
-        worker.join(None if self._working else budget_s)
+        worker.join(working_budget_s if self._working else budget_s)
         if not worker.is_alive():
             return
         self.closed = True

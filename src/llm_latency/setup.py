@@ -16,17 +16,17 @@ itself, from the standard ``OTEL_*`` variables:
 
 A collector that cannot be reached costs one warning line (the exporters' own repeated errors
 are held back) and about a second at exit (the last export gets that long when exports are
-failing or none has been confirmed yet).
+failing or none has been confirmed yet). What the SDK holds is flushed at every end of the
+process, forks included (``lifecycle``).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
@@ -36,12 +36,14 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 
-#: How long the exit waits for the last export, unless exports are known to be working.
-EXIT_BUDGET_S = 1.0
 _OTLP_BY_PROTOCOL = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
 
 _lock = threading.Lock()
 _decided = False
+
+#: Called with the tracer provider, the meter provider and the export health once llm-latency
+#: has set the SDK up: ``lifecycle.own``, registered at its import (this module sits below it).
+WHEN_SET_UP: list[Callable[[Any, Any, Any], None]] = []
 
 
 def tracer_provider_is_set() -> bool:
@@ -164,4 +166,5 @@ def _configure() -> None:
     )
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
-    atexit.register(health.shut_down, tracer_provider, meter_provider, EXIT_BUDGET_S)
+    for hook in WHEN_SET_UP:
+        hook(tracer_provider, meter_provider, health)
