@@ -1,7 +1,8 @@
-"""A loopback OTLP/HTTP (protobuf) receiver that counts what every process sent it: the
-request spans (by span id, to see duplicates) and the ``http.client.request.duration`` count.
+"""A loopback OTLP/HTTP (protobuf) receiver that keeps what every process sent it: each span
+(name, ids, attributes), the ``http.client.request.duration`` count, and any request to a path
+that is not OTLP's.
 
-The programs that export to it use delta temporality
+The programs that count on ``duration_count`` export with delta temporality
 (``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta``): each export then carries only
 what is new, so the counts of all exports of all processes add up to the requests recorded.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -20,19 +23,35 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 DURATION = "http.client.request.duration"
 
 
+@dataclass(frozen=True)
+class Span:
+    name: str
+    span_id: str
+    parent_id: str | None
+    attributes: dict[str, Any]
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(_value(v) for v in value.array_value.values)
+    return getattr(value, kind) if kind else None
+
+
 class OTLPReceiver:
     """Started at construction on a free loopback port; :meth:`stop` ends it."""
 
     def __init__(self) -> None:
-        #: Request span id (hex) -> how many times it was received.
-        self.request_spans: Counter[str] = Counter()
+        self.spans: list[Span] = []
         #: The sum of the ``http.client.request.duration`` data points' counts.
         self.duration_count = 0
+        #: Paths of requests that were neither /v1/traces nor /v1/metrics.
+        self.bad_requests: list[str] = []
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+            protocol_version = "HTTP/1.1"  # keeps the exporter's connection, as a collector does
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -40,6 +59,8 @@ class OTLPReceiver:
                     receiver._traces(body)
                 elif self.path == "/v1/metrics":
                     receiver._metrics(body)
+                else:
+                    receiver.bad_requests.append(self.path)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -56,15 +77,19 @@ class OTLPReceiver:
     def _traces(self, body: bytes) -> None:
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
-        ids = [
-            span.span_id.hex()
+        received = [
+            Span(
+                name=span.name,
+                span_id=span.span_id.hex(),
+                parent_id=span.parent_span_id.hex() or None,
+                attributes={a.key: _value(a.value) for a in span.attributes},
+            )
             for resource in request.resource_spans
             for scope in resource.scope_spans
             for span in scope.spans
-            if any(attribute.key == "url.full" for attribute in span.attributes)
         ]
         with self._lock:
-            self.request_spans.update(ids)
+            self.spans.extend(received)
 
     def _metrics(self, body: bytes) -> None:
         request = ExportMetricsServiceRequest()
@@ -80,8 +105,14 @@ class OTLPReceiver:
         with self._lock:
             self.duration_count += count
 
+    @property
+    def request_spans(self) -> Counter[str]:
+        """Request span id (hex) -> how many times it was received."""
+        with self._lock:
+            return Counter(span.span_id for span in self.spans if "url.full" in span.attributes)
+
     def duplicated_spans(self) -> list[str]:
-        """Span ids received more than once."""
+        """Request span ids received more than once."""
         return [span_id for span_id, times in self.request_spans.items() if times > 1]
 
     def stop(self) -> None:

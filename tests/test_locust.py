@@ -19,13 +19,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ import pytest
 
 from tests.command_line import mock_server
 from tests.deploy_workload import ROOT, dashboard_queries
+from tests.otlp_receiver import OTLPReceiver, Span
 from tests.processes import die_with_parent
 from tests.test_deploy_prometheus import Prometheus, free_port
 
@@ -81,74 +80,6 @@ def clean_environment(**otel: str) -> dict[str, str]:
 
 
 # -- the spans --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Span:
-    name: str
-    span_id: str
-    parent_id: str | None
-    attributes: dict[str, Any]
-
-
-class OTLPReceiver:
-    """An OTLP/HTTP (protobuf) receiver on loopback that keeps every span it is sent."""
-
-    def __init__(self) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-        )
-
-        self.spans: list[Span] = []
-        self.bad_requests: list[str] = []
-        spans, bad_requests, lock = self.spans, self.bad_requests, threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keeps the exporter's connection, as a collector does
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.path == "/v1/traces":
-                    request = ExportTraceServiceRequest()
-                    request.ParseFromString(body)
-                    received = [
-                        Span(
-                            name=span.name,
-                            span_id=span.span_id.hex(),
-                            parent_id=span.parent_span_id.hex() or None,
-                            attributes={a.key: _value(a.value) for a in span.attributes},
-                        )
-                        for resource in request.resource_spans
-                        for scope in resource.scope_spans
-                        for span in scope.spans
-                    ]
-                    with lock:
-                        spans.extend(received)
-                elif self.path != "/v1/metrics":
-                    bad_requests.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def _value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return tuple(_value(v) for v in value.array_value.values)
-    return getattr(value, kind) if kind else None
 
 
 def phases_of(spans: list[Span]) -> dict[str, set[str]]:
