@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,15 +130,6 @@ def get_json(url: str, params: Mapping[str, Any] | None = None, timeout: float =
         url += "?" + urllib.parse.urlencode(params, doseq=True)
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
-
-
-def post_json(url: str, body: Any, timeout: float = 10) -> Any:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        text = response.read()
-        return json.loads(text) if text else None
 
 
 @dataclass
@@ -302,13 +293,3 @@ def wait_for(check: Any, timeout: float, interval: float = 1.0, what: str = "") 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what or check}: last {last!r}")
         time.sleep(interval)
-
-
-@contextlib.contextmanager
-def running(bundle: Bundle, *names: str) -> Iterator[None]:
-    try:
-        for name in names:
-            bundle.services[name].start()
-        yield
-    finally:
-        bundle.stop()
