@@ -4,6 +4,8 @@ The fresh environment gets the wheel and nothing of the checkout: the editable i
 test environment is not on its path. Its dependencies come from the test environment's
 site-packages, added after its own by a ``.pth`` line (the suite sends nothing off the machine,
 so it cannot download them), and ``pip check`` there confirms the wheel's requirements are met.
+The fresh environment has no pip or setuptools of its own (the test environment's pip works on
+it with ``--python``): a bundled setuptools older than the test environment's would shadow it.
 """
 
 from __future__ import annotations
@@ -43,20 +45,18 @@ def test_the_wheel_in_a_fresh_environment_runs_the_quick_start(tmp_path: Path) -
     )  # fmt: skip
     (wheel,) = dist.glob("llm_latency-*.whl")
     fresh = tmp_path / "fresh"
-    venv.create(fresh, with_pip=True)
+    venv.create(fresh, with_pip=False)
     python = fresh / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(python)]
     subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)],
-        check=True, timeout=300,
-    )  # fmt: skip
+        [*pip, "install", "-q", "--no-index", "--no-deps", str(wheel)], check=True, timeout=300
+    )
     own = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     (Path(own) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    check = subprocess.run(
-        [python, "-m", "pip", "check"], capture_output=True, text=True, timeout=120
-    )
+    check = subprocess.run([*pip, "check"], capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stdout
 
     (tmp_path / "app.py").write_text(quick_start_program())
