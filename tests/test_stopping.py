@@ -83,14 +83,19 @@ def serve_and_stop(
         for _ in range(n):
             get(f"http://127.0.0.1:{port}/", deadline)
         time.sleep(wait)
-        process.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        stdout, stderr = process.communicate(timeout=60)
-        return Stopped(time.monotonic() - sent, process.returncode, stdout, stderr)
+        return terminate(process)
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def terminate(process: subprocess.Popen[str]) -> Stopped:
+    """SIGTERM, then what the process printed and how long it took to end."""
+    process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    stdout, stderr = process.communicate(timeout=60)
+    return Stopped(time.monotonic() - sent, process.returncode, stdout, stderr)
 
 
 def server_command(kind: str, port: int) -> list[str]:
@@ -216,10 +221,7 @@ def run_plain(endpoint: str, url: str, n: int = REQUESTS, **env: str) -> Stopped
     try:
         assert process.stdout is not None
         assert process.stdout.readline() == "READY\n"
-        process.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        stdout, stderr = process.communicate(timeout=60)
-        return Stopped(time.monotonic() - sent, process.returncode, stdout, stderr)
+        return terminate(process)
     finally:
         if process.poll() is None:
             process.kill()
