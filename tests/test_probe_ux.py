@@ -127,9 +127,9 @@ def test_jsonl_prints_a_line_per_request_as_it_finishes_then_a_summary() -> None
     assert summary["summary"]["wait"]["p50"] >= 0.3 - 0.005
     assert list(summary["findings"]) == [mock.url]
     assert "interrupted" not in summary
-    # Numbers rounded to the microsecond, not 0.30391636974999997.
+    # Numbers rounded to the nanosecond, not 0.30391636974999997.
     numbers = re.findall(r"\d+\.(\d+)", first_text + out)
-    assert numbers and max(len(decimals) for decimals in numbers) <= 6
+    assert numbers and max(len(decimals) for decimals in numbers) <= 9
 
 
 def test_jsonl_on_sigint_ends_with_the_summary_of_what_finished() -> None:

@@ -68,9 +68,10 @@ def json_report(
     return report
 
 
-#: Decimals kept of each number in the JSON output: seconds to the microsecond (the clocks'
-#: useful resolution), not 0.30391636974999997.
-JSON_DECIMALS = 6
+#: Decimals kept of each number in the JSON output: seconds to the nanosecond, the clocks'
+#: resolution (not 0.30391636974999997). Fewer would round twice: a number read back from the
+#: JSON and shown to three digits could differ from the report's own (107.5 µs: 107 or 108).
+JSON_DECIMALS = 9
 
 
 def rounded(value: Any) -> Any:
