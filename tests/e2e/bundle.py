@@ -8,7 +8,7 @@ this module runs each of them as compose would, without a container engine:
   ``volumes`` mount inside the container replaced by the files in the repository (named
   volumes and the image's own data folders by temporary folders): the configuration files run
   unmodified;
-- each service has a loopback address of its own (``127.0.10.x``), and runs in a private mount
+- each service has a loopback address of its own (``127.0.10.x``, or ``$LLM_LATENCY_E2E_NET.x``), and runs in a private mount
   namespace whose ``/etc/hosts`` maps the compose service names (and the Helm tiers' cluster
   names) to those addresses, and ``localhost`` to its own: what compose's network gives each
   container;
@@ -45,14 +45,17 @@ COMPOSE_FILE = COMPOSE / "docker-compose.yaml"
 HELM = ROOT / "deploy" / "helm"
 BUILDS = Path(os.environ.get("LLM_LATENCY_BUNDLE_BUILDS", ROOT / ".tools" / "bundle")) / "bin"
 
+#: The loopback /24 the services listen in: another one (``LLM_LATENCY_E2E_NET=127.0.11``) lets
+#: two runs of the bundle share a machine, since the services' ports are fixed.
+NET = os.environ.get("LLM_LATENCY_E2E_NET", "127.0.10")
 #: Each service's own loopback address, and the host names that reach it.
 ADDRESSES = {
-    "otel-collector": "127.0.10.1",
-    "jaeger": "127.0.10.2",
-    "prometheus": "127.0.10.3",
-    "alertmanager": "127.0.10.4",
-    "agent": "127.0.10.5",
-    "gateway": "127.0.10.6",
+    "otel-collector": f"{NET}.1",
+    "jaeger": f"{NET}.2",
+    "prometheus": f"{NET}.3",
+    "alertmanager": f"{NET}.4",
+    "agent": f"{NET}.5",
+    "gateway": f"{NET}.6",
 }
 HOST_NAMES = {
     "otel-collector": ["otel-collector"],
