@@ -10,6 +10,7 @@ import collections
 import contextlib
 import json
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,14 @@ class LLMServer:
     scheme: str
     runner: web.AppRunner
     requests: collections.deque[dict[str, Any]] = field(default_factory=collections.deque)
+    #: Set when a request carrying ``x-test-marker: <key>`` reaches the handler.
+    arrivals: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def arrival(self) -> tuple[dict[str, str], asyncio.Event]:
+        """Headers to send, and the event set when the server has read that request."""
+        marker = uuid.uuid4().hex
+        event = self.arrivals[marker] = asyncio.Event()
+        return {"x-test-marker": marker}, event
 
     def url(self, path: str = "/v1/chat/completions", host: str | None = None, **query: Any) -> str:
         qs = "&".join(f"{k}={v}" for k, v in query.items())
@@ -128,10 +137,14 @@ async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncI
     app = web.Application()
     app[ATTEMPTS] = {}
     seen: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)  # the latest
+    arrivals: dict[str, asyncio.Event] = {}
 
     @web.middleware
     async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
         seen.append({"path": request.path, "headers": dict(request.headers)})
+        arrived = arrivals.get(request.headers.get("x-test-marker", ""))
+        if arrived is not None:
+            arrived.set()
         return await handler(request)
 
     app.middlewares.append(record)
@@ -143,7 +156,7 @@ async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncI
     await site.start()
     port = runner.addresses[0][1]
     try:
-        yield LLMServer(host, port, "https" if ssl_context else "http", runner, seen)
+        yield LLMServer(host, port, "https" if ssl_context else "http", runner, seen, arrivals)
     finally:
         await runner.cleanup()
 

@@ -148,7 +148,13 @@ async def test_cancellation(
     after: float,
 ) -> None:  # fmt: skip
     async def scenario() -> None:
-        task = asyncio.ensure_future(once(kind, "GET", server.url(**query), stream=True))
+        headers, arrived = server.arrival()
+        task = asyncio.ensure_future(
+            once(kind, "GET", server.url(**query), stream=True, headers=headers)
+        )
+        # ``after`` counts from the server's receipt of the request, not from the start: a
+        # loaded machine can take longer than ``after`` to import, connect and send.
+        await asyncio.wait_for(arrived.wait(), 30)  # a guard against a hang, not a bound
         await asyncio.sleep(after)
         task.cancel()
         await task
