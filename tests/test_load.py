@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from llm_latency import emitter as emitting
 from llm_latency.adapters import aiohttp as aiohttp_adapter
@@ -40,6 +41,9 @@ async def test_a_thousand_concurrent_streams(telemetry: Telemetry, server: LLMSe
     assert duration.count == 1000
 
 
+# The suite's 120 s guard against a hang is too short for this one on a loaded machine: it took
+# over 120 s in a CI run beside another test suite on two cores (about 15 s on an idle one).
+@pytest.mark.timeout(600)
 async def test_long_run_memory_is_flat_and_nothing_is_dropped() -> None:
     """5,000 sequential requests (about 15 s here; bench/soak.py runs 50,000 with a 20 times
     tighter bound). Traced memory starts after 1,000 and is read at 3,000, when the bounded
