@@ -29,8 +29,8 @@ from llm_latency.cli.errors import CLIError
 from llm_latency.cli.telemetry import otlp_endpoint
 from llm_latency.setup import metric_exporters, span_exporters
 
-PROBE_ENDPOINT: Final = "llm_latency.probe.endpoint"
-PROBE_KIND: Final = "llm_latency.probe.kind"
+PROBE_ENDPOINT: Final = semconv.PROBE_ENDPOINT
+PROBE_KIND: Final = semconv.PROBE_KIND
 PROBE_DURATION: Final = "llm_latency.probe.duration"
 PROBE_TIME_TO_FIRST_BYTE: Final = "llm_latency.probe.time_to_first_byte"
 PROBE_PHASE_DURATION: Final = "llm_latency.probe.phase.duration"
