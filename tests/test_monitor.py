@@ -34,7 +34,7 @@ from llm_latency.cli.monitor_export import (
     probe_telemetry,
 )
 from llm_latency.testing.mock_server import Profile, running
-from tests.command_line import CLI, environment, mock_server
+from tests.command_line import CLI, environment, mock_server, run_cli_process
 from tests.otlp_receiver import OTLPReceiver
 from tests.servers import unused_port
 
@@ -235,3 +235,19 @@ def test_a_bad_prometheus_address_is_one_error_line(tmp_path: Path) -> None:
                             capture_output=True, text=True, env=environment(), timeout=60, check=False)  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip() == "llm-latency: error: --prometheus 'no-port' is not [HOST:]PORT"
+
+
+def test_rounds_stops_after_that_many_probes_of_each_kind(tmp_path: Path) -> None:
+    with mock_server("--ttfb", "0.01", "--tokens", "2") as mock:
+        base = mock.url.rsplit("/v1/", 1)[0] + "/v1"
+        path = tmp_path / "endpoints.toml"
+        path.write_text(
+            '[monitor]\nmin_interval = "0.2s"\n\n'
+            f'[[endpoint]]\nname = "local"\nurl = "{base}"\nprovider = "openai-compatible"\n'
+        )
+        result = run_cli_process("watch", str(path), "--every", "0.2s", "--rounds", "2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len([line for line in lines if "  local  edge " in line]) == 2
+    assert len([line for line in lines if "  local  inference " in line]) == 2
+    assert lines[-1] == "llm-latency watch: stopped"

@@ -307,7 +307,12 @@ async def _serve(profile: Profile, host: str, port: int, tls: bool) -> None:
     metavar="[HOST:]PORT",
     help="Also serve the metrics at http://HOST:PORT/metrics for Prometheus (HOST: 127.0.0.1).",
 )
-def watch(config_file: str, every: str | None, prometheus: str | None) -> None:
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    help="Stop after this many probes of each endpoint and kind (default: run until stopped).",
+)
+def watch(config_file: str, every: str | None, prometheus: str | None, rounds: int | None) -> None:
     """Probe the endpoints of CONFIG_FILE (TOML) until stopped: a synthetic monitor.
 
     Each endpoint gets an edge probe (a model listing: DNS, connect, TLS, first byte) and an
@@ -317,7 +322,7 @@ def watch(config_file: str, every: str | None, prometheus: str | None) -> None:
     """
     from llm_latency.cli.monitor_command import run_watch
 
-    run_watch(config_file, every, prometheus)
+    run_watch(config_file, every, prometheus, rounds)
 
 
 cli.add_command(explain)

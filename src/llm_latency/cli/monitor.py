@@ -179,8 +179,11 @@ class Monitor:
         telemetry: Telemetry,
         report: Report,
         rng: random.Random | None = None,
+        rounds: int | None = None,
     ) -> None:
         self.config = config
+        #: Stop after this many probes of each endpoint and kind (None: until stopped).
+        self.rounds = rounds
         self._telemetry = telemetry
         self._report = report
         self._rng = rng or random.Random()
@@ -204,6 +207,7 @@ class Monitor:
         first = endpoint.every * self._rng.uniform(0, self.config.jitter)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), first)
+        done = 0
         while not self._stopping.is_set():
             began = time.monotonic()
             async with self._gate:
@@ -221,6 +225,9 @@ class Monitor:
                 finally:
                     self._in_flight.discard(task)
             self._report(result)
+            done += 1
+            if self.rounds is not None and done >= self.rounds:
+                break
             left = self._wait(endpoint.every) - (time.monotonic() - began)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), max(left, 0.0))
@@ -232,7 +239,15 @@ class Monitor:
             for endpoint in self.config.endpoints
             for kind in endpoint.kinds
         ]
-        await self._stopping.wait()
+
+        async def all_done() -> None:  # with rounds, every scheduler ends by itself
+            await asyncio.gather(*schedulers, return_exceptions=True)
+
+        stopping = asyncio.create_task(self._stopping.wait())
+        finished = asyncio.create_task(all_done())
+        await asyncio.wait([stopping, finished], return_when=asyncio.FIRST_COMPLETED)
+        self._stopping.set()
+        await stopping
         in_flight = list(self._in_flight)
         if in_flight:
             _, pending = await asyncio.wait(in_flight, timeout=STOP_GRACE)
@@ -241,12 +256,14 @@ class Monitor:
         await asyncio.wait(schedulers, timeout=STOP_GRACE)
         for scheduler in schedulers:
             scheduler.cancel()
-        await asyncio.gather(*schedulers, return_exceptions=True)
+        await finished
 
 
-async def watch(config: MonitorConfig, telemetry: Telemetry, report: Report) -> None:
-    """Run a :class:`Monitor` until SIGTERM or SIGINT."""
-    monitor = Monitor(config, telemetry, report)
+async def watch(
+    config: MonitorConfig, telemetry: Telemetry, report: Report, rounds: int | None = None
+) -> None:
+    """Run a :class:`Monitor` until SIGTERM or SIGINT (or ``rounds`` probes of each)."""
+    monitor = Monitor(config, telemetry, report, rounds=rounds)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, monitor.stop)

@@ -26,7 +26,9 @@ def _print(result: ProbeResult) -> None:
     print(result_line(result), flush=True)
 
 
-def run_watch(config_file: str, every: str | None, prometheus: str | None) -> None:
+def run_watch(
+    config_file: str, every: str | None, prometheus: str | None, rounds: int | None = None
+) -> None:
     """Run ``watch`` until SIGTERM or SIGINT."""
     interval = None if every is None else parse_duration(every, "--every")
     listen = None if prometheus is None else parse_listen(prometheus)
@@ -46,5 +48,5 @@ def run_watch(config_file: str, every: str | None, prometheus: str | None) -> No
     ):
         if listen is not None:
             print(f"metrics at http://{listen[0]}:{listen[1]}/metrics", flush=True)
-        asyncio.run(watch(config, telemetry, _print))
+        asyncio.run(watch(config, telemetry, _print, rounds))
     print("llm-latency watch: stopped", flush=True)
