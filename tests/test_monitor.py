@@ -251,3 +251,21 @@ def test_rounds_stops_after_that_many_probes_of_each_kind(tmp_path: Path) -> Non
     assert len([line for line in lines if "  local  edge " in line]) == 2
     assert len([line for line in lines if "  local  inference " in line]) == 2
     assert lines[-1] == "llm-latency watch: stopped"
+
+
+def test_a_4xx_is_a_failed_probe_with_its_status(tmp_path: Path) -> None:
+    with mock_server("--ttfb", "0.01", "--tokens", "2") as mock:
+        base = mock.url.rsplit("/v1/", 1)[0] + "/v1/missing"  # the mock answers 404
+        path = tmp_path / "endpoints.toml"
+        path.write_text(
+            '[monitor]\nmin_interval = "0.2s"\n\n'
+            f'[[endpoint]]\nname = "wrong"\nurl = "{base}"\nprovider = "openai-compatible"\n'
+            'kinds = ["edge"]\n'
+        )
+        result = run_cli_process("watch", str(path), "--every", "0.2s", "--rounds", "2")
+    assert result.returncode == 0, result.stderr
+    failed = [line for line in result.stdout.splitlines() if "  wrong  edge " in line]
+    assert len(failed) == 2
+    assert all(
+        line.split("  edge", 1)[1].strip().startswith("failed: status 404  (") for line in failed
+    ), failed

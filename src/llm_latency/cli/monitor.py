@@ -155,10 +155,11 @@ def result_line(result: ProbeResult) -> str:
     head = f"{at}  {result.endpoint}  {result.kind:<9}"
     phases = "  ".join(f"{name} {duration(seconds)}" for name, seconds in outcome.phases.items())
     if not outcome.up:
-        what = outcome.error or f"status {outcome.status}"
-        where = f" in {outcome.failed_phase}" if outcome.failed_phase else ""
-        status = f"status {outcome.status}, " if outcome.status is not None else ""
-        return f"{head}  failed: {status}{what}{where}" + (f"  ({phases})" if phases else "")
+        what = [f"status {outcome.status}"] if outcome.status is not None else []
+        if outcome.error is not None:
+            where = f" in {outcome.failed_phase}" if outcome.failed_phase else ""
+            what.append(f"{outcome.error}{where}")
+        return f"{head}  failed: {', '.join(what)}" + (f"  ({phases})" if phases else "")
     parts = [f"{outcome.status}", f"total {duration(outcome.duration)}"]
     if outcome.ttfb is not None:
         parts.append(f"first byte {duration(outcome.ttfb)}")
