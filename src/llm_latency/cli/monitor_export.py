@@ -18,16 +18,14 @@ from typing import Any, Final
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import llm_latency
 from llm_latency import semconv
 from llm_latency.cli.errors import CLIError
-from llm_latency.cli.telemetry import otlp_endpoint
-from llm_latency.setup import metric_exporters, span_exporters
+from llm_latency.cli.telemetry import add_otlp, otlp_endpoint
 
 PROBE_ENDPOINT: Final = semconv.PROBE_ENDPOINT
 PROBE_KIND: Final = semconv.PROBE_KIND
@@ -220,13 +218,7 @@ def probe_telemetry(
     tracer_provider.add_span_processor(spans)
     readers: list[MetricReader] = list(extra_readers)
     if otlp_endpoint():
-        for spans_out in span_exporters(["otlp"]):
-            tracer_provider.add_span_processor(BatchSpanProcessor(spans_out))
-        for metrics_out in metric_exporters(["otlp"]):
-            if isinstance(metrics_out, MetricReader):
-                readers.append(metrics_out)
-            else:
-                readers.append(PeriodicExportingMetricReader(metrics_out))
+        readers += add_otlp(tracer_provider, None)
     stop_server: Callable[[], None] | None = None
     if prometheus is not None:
         reader, stop_server = _prometheus_reader(prometheus)
