@@ -80,7 +80,7 @@ def test_probe_shows_the_rhythm_in_text_and_html(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "chunks/s)" in result.stdout
     assert "a chunk every " in result.stdout
-    assert "Stream rhythm after the first chunk: a chunk every " in result.stdout
+    assert "  Stream rhythm after the first chunk: a chunk every " in result.stdout
     page = html.read_text()
     assert "<p class='rhythm'>Stream rhythm after the first chunk: a chunk every " in page
 

@@ -124,7 +124,7 @@ class ProbeOutput:
             self._lines([f"interrupted: the summary of the {finished}"], "yellow")
         status_tables(self.console, run.results)
         if (rhythm := endpoint_rhythm(run.results)) is not None:
-            self._lines([rhythm], "")
+            self._lines(wrap(rhythm, self.console.width, "  ", "    "), "")
         print_findings(self.console, found)
 
     def finish(self, runs: Mapping[str, UrlRun], stopped: str | None) -> None:
