@@ -47,6 +47,8 @@ class OTLPReceiver:
         self.duration_count = 0
         #: Paths of requests that were neither /v1/traces nor /v1/metrics.
         self.bad_requests: list[str] = []
+        #: Every metrics export request, as received.
+        self.metric_requests: list[ExportMetricsServiceRequest] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -104,6 +106,7 @@ class OTLPReceiver:
         )
         with self._lock:
             self.duration_count += count
+            self.metric_requests.append(request)
 
     @property
     def request_spans(self) -> Counter[str]:

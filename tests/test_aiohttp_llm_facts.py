@@ -62,6 +62,8 @@ async def test_streamed_completion_facts(telemetry: Telemetry, server: LLMServer
                 "llm_latency.server.processing_time": 0.2,
                 "llm_latency.stream.events": 6,  # five deltas and [DONE]
                 "llm_latency.stream.max_gap": IsFloat(),
+                "llm_latency.stream.mean_interval": IsFloat(),
+                "llm_latency.stream.chunk_rate": IsFloat(),
                 "url.template": "/v1/chat/completions",
             },
             "children": NEW_CONNECTION,

@@ -153,6 +153,8 @@ async def test_streamed_response(telemetry: Telemetry, server: LLMServer) -> Non
                 "llm_latency.server.processing_time": 0.2,
                 "llm_latency.stream.events": 6,  # five deltas and [DONE]
                 "llm_latency.stream.max_gap": IsFloat(),
+                "llm_latency.stream.mean_interval": IsFloat(),
+                "llm_latency.stream.chunk_rate": IsFloat(),
             },
             "children": phase_nodes("connect", "send", "wait", "receive"),
         }

@@ -181,6 +181,8 @@ async def test_openai_streamed_completion(
                         "llm_latency.connection.reused": False,
                         "llm_latency.stream.events": len(TOKENS) + 1,  # and [DONE]
                         "llm_latency.stream.max_gap": IsFloat(),
+                        "llm_latency.stream.mean_interval": IsFloat(),
+                        "llm_latency.stream.chunk_rate": IsFloat(),
                     },
                     "children": NEW_CONNECTION,
                 }
@@ -353,6 +355,8 @@ async def test_anthropic_streamed_message(
                         # content_block_stop, message_delta, message_stop
                         "llm_latency.stream.events": len(TOKENS) + 5,
                         "llm_latency.stream.max_gap": IsFloat(),
+                        "llm_latency.stream.mean_interval": IsFloat(),
+                        "llm_latency.stream.chunk_rate": IsFloat(),
                     },
                     "children": NEW_CONNECTION,
                 }

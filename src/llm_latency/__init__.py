@@ -39,6 +39,7 @@ def instrument(
     phase_spans: bool = True,
     phase_span_fast_path: bool = True,
     configure: bool = True,
+    time_per_output_chunk: bool = False,
 ) -> None:
     """Trace every HTTP attempt of the installed clients, phase by phase, and record metrics.
 
@@ -60,6 +61,9 @@ def instrument(
             tracer provider nor a meter provider (and passed none here), set up the
             OpenTelemetry SDK from the ``OTEL_*`` variables (exporters by name, default OTLP
             over HTTP). Any provider set before then, in any order, is used instead.
+        time_per_output_chunk: also record ``gen_ai.client.operation.time_per_output_chunk``,
+            one histogram record per body chunk of a streamed response after the first (off by
+            default: it costs one SDK record per chunk; docs/overhead.md gives the measure).
 
     Calling it again while instrumented does nothing.
     """
@@ -75,6 +79,7 @@ def instrument(
         capture_response_headers=tuple(capture_response_headers),
         phase_spans=phase_spans,
         phase_span_fast_path=phase_span_fast_path,
+        time_per_output_chunk=time_per_output_chunk,
         before_first_request=configure_if_unset if configure_later else None,
     )
 

@@ -63,8 +63,11 @@ class Emitter:
         phase_spans: bool = True,
         phase_span_fast_path: bool = True,
         before_first_request: Callable[[], None] | None = None,
+        time_per_output_chunk: bool = False,
     ) -> None:
         self.phase_spans = phase_spans
+        #: Opt-in: keep each body chunk's interval for the time-per-output-chunk histogram.
+        self.time_per_output_chunk = time_per_output_chunk
         #: The response headers captured as span attributes.
         self.captured_headers = frozenset(capture_headers)
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
@@ -142,6 +145,8 @@ class Emitter:
             start_time=timeline.epoch_start_ns,
         )
         record = AttemptRecord(timeline, span, known, host, port, resend_count, call)
+        if self.time_per_output_chunk:
+            timeline.gaps = []
         self._open[timeline] = record
         if on_loop:
             monitor = monitor_of_running_loop()
@@ -268,6 +273,10 @@ class Emitter:
             attributes[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = facts.time_to_first_chunk
             attributes[semconv.STREAM_EVENTS] = facts.stream_events
             attributes[semconv.STREAM_MAX_GAP] = facts.stream_max_gap
+        if facts.stream_mean_interval is not None:
+            attributes[semconv.STREAM_MEAN_INTERVAL] = facts.stream_mean_interval
+        if facts.stream_chunk_rate is not None:
+            attributes[semconv.STREAM_CHUNK_RATE] = facts.stream_chunk_rate
         if facts.failed_phase is not None:
             attributes[semconv.FAILED_PHASE] = facts.failed_phase
         if facts.error_type is not None:

@@ -44,6 +44,10 @@ class AttemptFacts:
     time_to_first_chunk: float | None
     stream_events: int | None
     stream_max_gap: float | None
+    #: The stream's rhythm after its first chunk: the mean interval between body chunks (s) and
+    #: the chunks per second; None for fewer than two chunks.
+    stream_mean_interval: float | None
+    stream_chunk_rate: float | None
     #: The wait the server asked for before a retry (``retry-after-ms``, ``retry-after``).
     retry_after: float | None
 
@@ -78,6 +82,11 @@ def read_facts(
         first_chunk = (timeline.first_chunk_ns - timeline.start_ns) / 1e9
         events = timeline.stream.events
         max_gap = timeline.max_gap_ns / 1e9
+    mean_interval = chunk_rate = None
+    if first_chunk is not None and timeline.chunks > 1:
+        span_ns = timeline.last_chunk_ns - timeline.first_chunk_ns
+        mean_interval = span_ns / 1e9 / (timeline.chunks - 1)
+        chunk_rate = (timeline.chunks - 1) / (span_ns / 1e9) if span_ns > 0 else None
 
     status = timeline.status_code
     error = timeline.error
@@ -100,6 +109,8 @@ def read_facts(
         time_to_first_chunk=first_chunk,
         stream_events=events,
         stream_max_gap=max_gap,
+        stream_mean_interval=mean_interval,
+        stream_chunk_rate=chunk_rate,
         retry_after=headers.retry_after(
             headers.first(found, "retry-after-ms"), headers.first(found, "retry-after")
         ),

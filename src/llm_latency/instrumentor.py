@@ -273,6 +273,7 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             phase_spans=bool(kwargs.get("phase_spans", True)),
             phase_span_fast_path=bool(kwargs.get("phase_span_fast_path", True)),
             before_first_request=before_first_request,
+            time_per_output_chunk=bool(kwargs.get("time_per_output_chunk", False)),
         )
         self.emitter = self._live = emitting.active = emitter
         self._adapters = []

@@ -24,6 +24,9 @@ from llm_latency.facts import AttemptFacts
 
 Attributes = tuple[tuple[str, Any], ...]
 
+#: An empty context: records made in it carry no trace exemplar.
+_NO_TRACE = Context()
+
 #: Seconds a rate-limit remaining value is reported at most after the response that gave it.
 RATELIMIT_MAX_AGE = 300.0
 
@@ -119,6 +122,13 @@ class AttemptMetrics:
             description="Time from the start of a streamed request to its first body chunk.",
             explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
+        self.time_per_output_chunk = meter.create_histogram(
+            semconv.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
+            unit="s",
+            description="Time between two body chunks of a streamed response, after the first "
+            "(opt-in: one record per chunk).",
+            explicit_bucket_boundaries_advisory=semconv.CHUNK_INTERVAL_BUCKETS,
+        )
         self.event_loop_lag = meter.create_histogram(
             semconv.EVENT_LOOP_LAG,
             unit="s",
@@ -185,6 +195,13 @@ class AttemptMetrics:
         if facts.time_to_first_chunk is not None:
             by_host = by_host or {semconv.SERVER_ADDRESS: host}
             self.time_to_first_chunk.record(facts.time_to_first_chunk, by_host, context)
+            gaps = timeline.gaps
+            if gaps:
+                # No trace context: an exemplar per chunk would cost more than the record
+                # itself, and the time to first chunk's already links the attempt's trace.
+                record_gap = self.time_per_output_chunk.record
+                for gap in gaps:
+                    record_gap(gap / 1e9, by_host, _NO_TRACE)
         if facts.event_loop_lag is not None:
             by_host = by_host or {semconv.SERVER_ADDRESS: host}
             self.event_loop_lag.record(facts.event_loop_lag, by_host, context)

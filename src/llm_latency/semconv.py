@@ -19,6 +19,7 @@ from opentelemetry.semconv._incubating.attributes.http_attributes import (
     HttpConnectionStateValues,
 )
 from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
+    GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
     GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
 )
 from opentelemetry.semconv._incubating.metrics.http_metrics import (
@@ -42,6 +43,7 @@ from llm_latency.timeline import PHASE_NAMES
 
 __all__ = [
     "ERROR_TYPE",
+    "GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK",
     "GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK",
     "GEN_AI_OPERATION_NAME",
     "GEN_AI_REQUEST_MODEL",
@@ -75,6 +77,11 @@ NETWORK_OVERHEAD: Final = "llm_latency.network_overhead"
 EVENT_LOOP_LAG: Final = "llm_latency.event_loop.lag"
 STREAM_EVENTS: Final = "llm_latency.stream.events"
 STREAM_MAX_GAP: Final = "llm_latency.stream.max_gap"
+STREAM_MEAN_INTERVAL: Final = "llm_latency.stream.mean_interval"
+STREAM_CHUNK_RATE: Final = "llm_latency.stream.chunk_rate"
+#: On the spans of ``llm-latency watch``'s probes: the endpoint's name and the probe kind.
+PROBE_ENDPOINT: Final = "llm_latency.probe.endpoint"
+PROBE_KIND: Final = "llm_latency.probe.kind"
 FAILED_PHASE: Final = "llm_latency.failed_phase"
 RATELIMIT_KIND: Final = "llm_latency.ratelimit.kind"
 BACKOFF_REASON: Final = "llm_latency.backoff.reason"
@@ -99,6 +106,11 @@ POOL_WAITING: Final = "llm_latency.pool.waiting"
 DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0,
+)  # fmt: skip
+
+#: Intervals between stream chunks (s): tokens come every few milliseconds, stalls last seconds.
+CHUNK_INTERVAL_BUCKETS: Final[tuple[float, ...]] = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 
 #: Connection lifetime buckets (s): from a connection closed after one request to hours of

@@ -53,6 +53,7 @@ class Timeline:
         "error",
         "failed_phase",
         "first_chunk_ns",
+        "gaps",
         "last_chunk_ns",
         "max_gap_ns",
         "method",
@@ -89,6 +90,9 @@ class Timeline:
         self.max_gap_ns = 0
         self.chunks = 0
         self.bytes_received = 0
+        #: Each interval between two body chunks (ns), when the emitter asks for them (the
+        #: opt-in time-per-output-chunk histogram); None otherwise.
+        self.gaps: list[int] | None = None
         self.stream: StreamCounter | None = None  # counts a streamed body's events
 
     # -- phases -------------------------------------------------------------------------------
@@ -164,6 +168,9 @@ class Timeline:
             gap = now - last
             if gap > self.max_gap_ns:
                 self.max_gap_ns = gap
+            gaps = self.gaps
+            if gaps is not None:
+                gaps.append(gap)
         else:
             self.first_chunk_ns = now
         self.last_chunk_ns = now

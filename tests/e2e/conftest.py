@@ -118,7 +118,8 @@ def _override_rules(directory: Path) -> Path:
     override = {**rule, "alert": "LLMRateLimitedNow", "for": "0s"}
     folder = directory / "rules"
     folder.mkdir()
-    shutil.copy(RULES / "llm-latency.rules.yaml", folder / "llm-latency.rules.yaml")
+    for rules_file in RULES.glob("*.yaml"):  # the programs' rules and the probe's
+        shutil.copy(rules_file, folder / rules_file.name)
     (folder / "e2e-override.rules.yaml").write_text(
         yaml.safe_dump(
             {"groups": [{"name": "e2e-override", "interval": "5s", "rules": [override]}]}

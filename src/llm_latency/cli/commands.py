@@ -295,6 +295,36 @@ async def _serve(profile: Profile, host: str, port: int, tls: bool) -> None:
     print("llm-latency mock-server stopped", flush=True)
 
 
+@cli.command()
+@click.argument("config_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--every",
+    help="Each endpoint's interval (30s, 2m), unless the file sets its own. Default: the "
+    "file's [monitor] every, else 60s.",
+)
+@click.option(
+    "--prometheus",
+    metavar="[HOST:]PORT",
+    help="Also serve the metrics at http://HOST:PORT/metrics for Prometheus (HOST: 127.0.0.1).",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    help="Stop after this many probes of each endpoint and kind (default: run until stopped).",
+)
+def watch(config_file: str, every: str | None, prometheus: str | None, rounds: int | None) -> None:
+    """Probe the endpoints of CONFIG_FILE (TOML) until stopped: a synthetic monitor.
+
+    Each endpoint gets an edge probe (a model listing: DNS, connect, TLS, first byte) and an
+    inference probe (one output token, streamed), each its own series. Results are printed
+    one line each and exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set. SIGTERM or
+    Ctrl-C stops it. Keys come from the environment variables the file names.
+    """
+    from llm_latency.cli.monitor_command import run_watch
+
+    run_watch(config_file, every, prometheus, rounds)
+
+
 cli.add_command(explain)
 
 

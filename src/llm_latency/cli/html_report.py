@@ -22,6 +22,7 @@ from click.core import ParameterSource
 from llm_latency.cli.redaction import scrub
 from llm_latency.cli.render import PHASE_COLORS
 from llm_latency.cli.results import RequestResult, succeeded, summarize
+from llm_latency.cli.rhythm import endpoint_rhythm
 from llm_latency.diagnosis import Finding
 from llm_latency.diagnosis.findings import NBSP, duration, percentile
 from llm_latency.timeline import PHASE_NAMES
@@ -310,6 +311,8 @@ def _endpoint_section(
     parts += [f"<p class='err'>{_esc(line)}</p>" for line in errors.get(url, ())]
     parts.append(f"<h3>Requests on one time axis</h3>{_LEGEND}")
     parts.append(_waterfall(name, results))
+    if (rhythm := endpoint_rhythm(results)) is not None:
+        parts.append(f"<p class='rhythm'>{_esc(rhythm)}</p>")
     rows = [
         (label, PHASE_COLORS.get(key, _TOTAL_COLOR), summary[key])
         for key, label in CHART_ROWS

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from llm_latency import semconv
 from llm_latency.cli.results import RequestResult, StatusSummary, summarize_by_status
+from llm_latency.cli.rhythm import rhythm
 from llm_latency.diagnosis.findings import NBSP, Finding, duration, keep_units
 from llm_latency.timeline import PHASE_NAMES
 
@@ -153,6 +154,8 @@ def facts(result: RequestResult) -> list[str]:
         items.append(overhead)
     if result.stream_events is not None:
         items.append(f"{result.stream_events} events")
+    if result.stream_mean_interval is not None:
+        items.append(rhythm(result.stream_mean_interval, result.stream_chunk_rate))
     return items
 
 

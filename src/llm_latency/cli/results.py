@@ -107,6 +107,8 @@ class RequestResult:
     network_overhead: float | None = None
     event_loop_lag: float | None = None
     stream_events: int | None = None
+    stream_mean_interval: float | None = None
+    stream_chunk_rate: float | None = None
     reused: bool | None = None
     ratelimit: dict[str, str] = field(default_factory=dict)
     error: str | None = None
@@ -137,6 +139,8 @@ class RequestResult:
             network_overhead=attempt.network_overhead,
             event_loop_lag=attempt.event_loop_lag,
             stream_events=attempt.stream_events,
+            stream_mean_interval=attempt.stream_mean_interval,
+            stream_chunk_rate=attempt.stream_chunk_rate,
             reused=attempt.reused,
             ratelimit=attempt.ratelimit,
             error=attempt.error,

@@ -38,6 +38,20 @@ class Collected(NamedTuple):
     metrics: InMemoryMetricReader
 
 
+def add_otlp(tracer_provider: TracerProvider, interval_ms: float | None) -> list[MetricReader]:
+    """Export ``tracer_provider``'s spans over OTLP; the metric readers that export over OTLP
+    (every ``interval_ms``; None: ``OTEL_METRIC_EXPORT_INTERVAL``, else the SDK's 60 s)."""
+    for spans_out in span_exporters(["otlp"]):
+        tracer_provider.add_span_processor(BatchSpanProcessor(spans_out))
+    readers: list[MetricReader] = []
+    for metrics_out in metric_exporters(["otlp"]):
+        if isinstance(metrics_out, MetricReader):
+            readers.append(metrics_out)
+        else:
+            readers.append(PeriodicExportingMetricReader(metrics_out, interval_ms))
+    return readers
+
+
 @contextmanager
 def instrumented(service: str, clients: list[str]) -> Iterator[Collected]:
     """Instrument ``clients`` for the duration; yield the in-memory span collector and a
@@ -49,13 +63,7 @@ def instrumented(service: str, clients: list[str]) -> Iterator[Collected]:
     in_memory = InMemoryMetricReader()
     readers: list[MetricReader] = [in_memory]
     if otlp_endpoint():
-        for spans_out in span_exporters(["otlp"]):
-            tracer_provider.add_span_processor(BatchSpanProcessor(spans_out))
-        for metrics_out in metric_exporters(["otlp"]):
-            if isinstance(metrics_out, MetricReader):
-                readers.append(metrics_out)
-            else:
-                readers.append(PeriodicExportingMetricReader(metrics_out, 5000))
+        readers += add_otlp(tracer_provider, 5000)
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     llm_latency.instrument(
         tracer_provider=tracer_provider,

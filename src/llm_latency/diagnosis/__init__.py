@@ -20,6 +20,7 @@ from llm_latency.diagnosis.records import (
     from_readable_spans,
 )
 from llm_latency.diagnosis.rules import RULES
+from llm_latency.diagnosis.us_or_them import program_calls, us_or_them
 
 __all__ = [
     "Attempt",
@@ -64,8 +65,10 @@ def diagnose(calls: Iterable[Any]) -> list[Finding]:
     fix with the saving it should bring, computed from these measurements.
     """
     records = as_calls(calls)
-    if not any(call.attempts for call in records):
+    own = program_calls(records)  # the probe's calls (llm-latency watch) are only compared
+    if not any(call.attempts for call in own):
         return []
-    findings = [finding for rule in RULES if (finding := rule(records)) is not None]
+    findings = [finding for rule in RULES if (finding := rule(own)) is not None]
+    findings += us_or_them(records)
     findings.sort(key=lambda f: -(f.saving.total if f.saving is not None else 0.0))
     return findings

@@ -76,10 +76,15 @@ class Attempt:
     time_to_first_chunk: float | None = None
     stream_events: int | None = None
     stream_max_gap: float | None = None
+    stream_mean_interval: float | None = None
+    stream_chunk_rate: float | None = None
     resend_count: int = 0
     ratelimit: dict[str, str] = field(default_factory=dict)
     trace_id: str = ""
     span_id: str = ""
+    #: The endpoint and kind (edge, inference) of a ``llm-latency watch`` probe's attempt.
+    probe: str | None = None
+    probe_kind: str | None = None
 
     def phase(self, name: str) -> float | None:
         """The duration of phase ``name`` (s), or None when it did not happen."""
@@ -249,10 +254,14 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
         time_to_first_chunk=_float(attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)),
         stream_events=_int(attributes.get(semconv.STREAM_EVENTS)),
         stream_max_gap=_float(attributes.get(semconv.STREAM_MAX_GAP)),
+        stream_mean_interval=_float(attributes.get(semconv.STREAM_MEAN_INTERVAL)),
+        stream_chunk_rate=_float(attributes.get(semconv.STREAM_CHUNK_RATE)),
         resend_count=_int(attributes.get(semconv.HTTP_REQUEST_RESEND_COUNT)) or 0,
         ratelimit=ratelimit,
         trace_id=span.trace_id,
         span_id=span.span_id,
+        probe=_first(attributes.get(semconv.PROBE_ENDPOINT)),
+        probe_kind=_first(attributes.get(semconv.PROBE_KIND)),
     )
 
 
