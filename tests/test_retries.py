@@ -120,6 +120,7 @@ def served(
         "http.response.status_code": 200,
         "llm_latency.connection.reused": reused,
         "llm_latency.server.processing_time": processing,
+        "network.peer.address": "127.0.0.1",  # the test servers listen there only
         "network.protocol.version": "1.1",
         "server.address": host,
     }
@@ -137,6 +138,7 @@ def redirect_hops(server: LLMServer, lag: dict[str, Any] | None = None) -> list[
                 "http.request.method": "GET",
                 "http.response.status_code": 302,
                 "llm_latency.connection.reused": False,
+                "network.peer.address": "127.0.0.1",
                 "network.protocol.version": "1.1",
                 "server.address": "127.0.0.1",
                 "server.port": "PORT",

@@ -43,7 +43,7 @@ from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 from llm_latency.tracer_handle import TracerHandle
-from llm_latency.urls import redact, route_template
+from llm_latency.urls import proxy_origin, redact, route_template
 
 _logger = logging.getLogger(__name__)
 
@@ -256,6 +256,10 @@ class Emitter:
             attributes[semconv.NETWORK_PROTOCOL_VERSION] = timeline.protocol_version
         if timeline.reused is not None:
             attributes[semconv.CONNECTION_REUSED] = timeline.reused
+        if timeline.peer_address is not None:
+            attributes[semconv.NETWORK_PEER_ADDRESS] = timeline.peer_address
+        if timeline.proxy_url is not None:
+            attributes[semconv.PROXY_URL] = proxy_origin(timeline.proxy_url)
         if record.resend_count:
             attributes[semconv.HTTP_REQUEST_RESEND_COUNT] = record.resend_count
         if facts.event_loop_lag is not None:
