@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -143,7 +142,7 @@ async def test_tunnel_to_an_https_target(
         assert found["network.peer.address"] == PROXY_HOST
         assert found["llm_latency.proxy.url"] == proxy.origin
         assert found["http.response.status_code"] == 200
-        assert list(found["http.response.header.x-request-id"]) == ["req_test_123"]
+        assert found["http.response.header.x-request-id"] == ("req_test_123",)
     phases = telemetry.phases(first)
     assert set(phases) == {"connect", "proxy", "tls", "send", "wait", "receive"}
     assert_server_phases(phases, wait=0.2, receive=0.0)
@@ -250,7 +249,7 @@ async def test_a_refused_tunnel_fails_in_the_proxy_phase(
     no_proxy_variables: pytest.MonkeyPatch,
     kind: str,
 ) -> None:
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(Exception, match=r"403|Forbidden"):
         await fetch(
             kind,
             [tls_server.url(host="localhost")],
@@ -258,7 +257,6 @@ async def test_a_refused_tunnel_fails_in_the_proxy_phase(
             client_ssl=client_ssl,
             ca_file=ca_file,
         )
-    assert "403" in str(raised.value) or "Forbidden" in str(raised.value)
     request = telemetry.request()
     found = attributes(request)
     assert found["llm_latency.failed_phase"] == "proxy"
