@@ -143,6 +143,7 @@ async def test_tunnel_to_an_https_target(
         assert found["llm_latency.proxy.url"] == proxy.origin
         assert found["http.response.status_code"] == 200
         assert found["http.response.header.x-request-id"] == ("req_test_123",)
+    assert attributes(first)["llm_latency.connection.reused"] is False
     phases = telemetry.phases(first)
     assert set(phases) == {"connect", "proxy", "tls", "send", "wait", "receive"}
     assert_server_phases(phases, wait=0.2, receive=0.0)

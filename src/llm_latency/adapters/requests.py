@@ -244,7 +244,9 @@ def _connection_taken(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     conn = args[0] if args else kwargs["conn"]
     sock = getattr(conn, "sock", None)
     timeline = attempt.timeline
-    timeline.reused = sock is not None
+    # A tunnel through a proxy is opened before (``_prepare_proxy``): its connect is this
+    # attempt's, the connection is new.
+    timeline.reused = sock is not None and timeline.bounds_of(CONNECT) is None
     if sock is not None:
         timeline.peer_address = socket_peer(sock)
     return attempt  # urllib3 may retry after _make_request raises: the attempt ends then
