@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -33,11 +32,11 @@ pytestmark = pytest.mark.parametrize("kind", CLIENTS)
 
 
 @pytest.fixture
-def hosts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hosts]:
+def hosts(monkeypatch: pytest.MonkeyPatch) -> Hosts:
     """Requested before ``telemetry``, so that llm-latency's dns hook wraps it."""
     table = Hosts(socket.getaddrinfo)
     monkeypatch.setattr(socket, "getaddrinfo", table.getaddrinfo)
-    yield table
+    return table
 
 
 def lost_on_the_dead_address(kind: str) -> float:
