@@ -236,9 +236,35 @@ async def test_proxy_credentials_never_reach_a_span(
     assert statuses == [200]
     found = attributes(telemetry.request())
     assert found["llm_latency.proxy.url"] == auth_proxy.origin
+    assert_no_credentials(telemetry, "llm-user", "s3cret-pass")
+
+
+async def test_credentials_of_a_refused_proxy_never_reach_a_span(
+    telemetry: Telemetry,
+    tls_server: LLMServer,
+    auth_proxy: Proxy,
+    client_ssl: ssl.SSLContext,
+    ca_file: str,
+    no_proxy_variables: pytest.MonkeyPatch,
+    kind: str,
+) -> None:
+    """A wrong password: the proxy refuses the tunnel (tinyproxy answers 401), and the
+    exception recorded does not carry the password (aiohttp's quotes the proxy's URL)."""
+    wrong = auth_proxy.url.replace("s3cret-pass", "wr0ng-pass")
+    with pytest.raises(Exception, match=r"40[17]|Unauthorized"):
+        await fetch(
+            kind, [tls_server.url(host="localhost")], proxy=wrong, client_ssl=client_ssl,
+            ca_file=ca_file,
+        )  # fmt: skip
+    assert attributes(telemetry.request())["llm_latency.failed_phase"] == "proxy"
+    assert_no_credentials(telemetry, "llm-user", "wr0ng-pass")
+
+
+def assert_no_credentials(telemetry: Telemetry, *secrets: str) -> None:
     for span in telemetry.spans():
-        text = repr(dict(span.attributes or {})) + repr([e.attributes for e in span.events])
-        assert "s3cret-pass" not in text and "llm-user" not in text, span.name
+        shown = repr(dict(span.attributes or {})) + repr([e.attributes for e in span.events])
+        for secret in secrets:
+            assert secret not in shown, (span.name, secret)
 
 
 async def test_a_refused_tunnel_fails_in_the_proxy_phase(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -85,3 +86,12 @@ def proxy_origin(url: str) -> str:
         return REDACTED
     netloc = f"[{host}]" if ":" in host else host
     return f"{parts.scheme}://{netloc}" + ("" if port is None else f":{port}")
+
+
+_USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
+
+
+def scrub_userinfo(text: str) -> str:
+    """``text`` with the ``user:password@`` of any URL in it redacted: exception messages can
+    quote a URL whole (aiohttp's proxy errors quote the proxy's, credentials and all)."""
+    return _USERINFO.sub(f"{REDACTED}:{REDACTED}@", text)
