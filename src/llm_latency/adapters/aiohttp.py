@@ -325,12 +325,15 @@ class AiohttpAdapter:
             pools.watch(connector, _read_connector)
         return result
 
-    def _proxy_connected(self, state: tuple[_SessionRequest, Any], result: Any) -> Any:
-        call, req = state
+    def _proxy_connected(self, state: tuple[_SessionRequest, Any, Any], result: Any) -> Any:
+        call, connector, req = state
         call.tunnel = False
         # The connection the request runs on (through a tunnel, a new protocol over the
-        # proxy's socket), counted under the target like a direct one.
-        self._emitter.pools.lifetimes.opened(result[1], req.host, req.port)
+        # proxy's socket, which never hears of the close), counted under the target like a
+        # direct one.
+        pools = self._emitter.pools
+        pools.lifetimes.opened(result[1], req.host, req.port)
+        pools.watch(connector, _read_connector)
         return result
 
     def _body_fails(self, stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -379,7 +382,9 @@ def _connecting(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         call.tls_expected = bool(kwargs.get("ssl"))
         # Another address after a failed one: the phase goes on from its first start.
         attempt.resume(CONNECT)
-    return attempt, conn, kwargs.get("req")
+    # The connection to a proxy's tunnel is counted once the tunnel is up (_proxy_connected).
+    tunnel = call is not None and call.tunnel
+    return attempt, conn, None if tunnel else kwargs.get("req")
 
 
 def _proxy_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -388,10 +393,10 @@ def _proxy_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
         return SKIP
     req = _arg(args, kwargs, 0, "req")
     call.tunnel = req.is_ssl()
-    return call, req
+    return call, conn, req
 
 
-def _proxy_fails(state: tuple[_SessionRequest, Any], exc: BaseException) -> None:
+def _proxy_fails(state: tuple[_SessionRequest, Any, Any], exc: BaseException) -> None:
     state[0].tunnel = False
 
 
@@ -430,7 +435,10 @@ def _send_begins(req: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         transport = _arg(args, kwargs, 0, "conn").transport
         if transport is not None:
             attempt.peer_address = peer_address(transport.get_extra_info("peername"))
-    attempt.begin(SEND)
+    if attempt.current_phase == PROXY:  # the tunnel's handshake was not seen
+        attempt.advance(SEND)
+    else:
+        attempt.begin(SEND)
     return attempt, req
 
 
