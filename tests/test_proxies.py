@@ -17,7 +17,7 @@ import trustme
 from opentelemetry.trace import StatusCode
 
 from tests.attributes import attributes
-from tests.checks import assert_server_phases
+from tests.checks import assert_server_phases, int_value
 from tests.conftest import Telemetry
 from tests.httpx_clients import KINDS, Client
 from tests.proxy_server import PROXY_HOST, Proxy, tinyproxy
@@ -29,7 +29,7 @@ PROXY_VARIABLES = (
     "http_proxy", "https_proxy", "all_proxy", "no_proxy",
 )  # fmt: skip
 
-pytestmark = pytest.mark.parametrize("kind", CLIENTS)
+every_client = pytest.mark.parametrize("kind", CLIENTS)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,7 @@ def via_environment(monkeypatch: pytest.MonkeyPatch, proxy: Proxy) -> None:
     monkeypatch.setenv("HTTPS_PROXY", proxy.url)
 
 
+@every_client
 @pytest.mark.parametrize("how", ["argument", "environment"])
 async def test_tunnel_to_an_https_target(
     telemetry: Telemetry,
@@ -154,6 +155,7 @@ async def test_tunnel_to_an_https_target(
     assert_server_phases(telemetry.phases(second), wait=0.2, receive=0.0)
 
 
+@every_client
 @pytest.mark.parametrize("how", ["argument", "environment"])
 async def test_plain_http_target_in_absolute_form(
     telemetry: Telemetry,
@@ -190,6 +192,7 @@ async def test_plain_http_target_in_absolute_form(
     assert_server_phases(phases, wait=0.2, receive=0.0)
 
 
+@every_client
 async def test_no_proxy_goes_direct(
     telemetry: Telemetry,
     server: LLMServer,
@@ -215,6 +218,7 @@ async def test_no_proxy_goes_direct(
     assert "llm_latency.proxy.url" not in found
 
 
+@every_client
 @pytest.mark.parametrize("target", ["https", "http"])
 async def test_proxy_credentials_never_reach_a_span(
     telemetry: Telemetry,
@@ -239,6 +243,7 @@ async def test_proxy_credentials_never_reach_a_span(
     assert_no_credentials(telemetry, "llm-user", "s3cret-pass")
 
 
+@every_client
 async def test_credentials_of_a_refused_proxy_never_reach_a_span(
     telemetry: Telemetry,
     tls_server: LLMServer,
@@ -267,6 +272,7 @@ def assert_no_credentials(telemetry: Telemetry, *secrets: str) -> None:
             assert secret not in shown, (span.name, secret)
 
 
+@every_client
 async def test_a_refused_tunnel_fails_in_the_proxy_phase(
     telemetry: Telemetry,
     tls_server: LLMServer,
@@ -295,3 +301,34 @@ async def test_a_refused_tunnel_fails_in_the_proxy_phase(
     assert failed.status.status_code is StatusCode.ERROR
     assert attributes(failed)["error.type"] == found["error.type"]
     assert tls_server.requests == type(tls_server.requests)()  # nothing reached the target
+
+
+def open_connections(telemetry: Telemetry) -> dict[tuple[str, str], int]:
+    """``http.client.open_connections`` now, by (server.address, state)."""
+    found: dict[tuple[str, str], int] = {}
+    data = telemetry.reader.get_metrics_data()
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != "http.client.open_connections":
+                    continue
+                for point in metric.data.data_points:
+                    point_attributes = dict(point.attributes or {})
+                    key = (
+                        str(point_attributes["server.address"]),
+                        str(point_attributes["http.connection.state"]),
+                    )
+                    found[key] = found.get(key, 0) + int_value(point)
+    return {key: count for key, count in found.items() if count}
+
+
+async def test_aiohttp_pools_a_tunnel_as_a_connection_to_the_target(
+    telemetry: Telemetry, tls_server: LLMServer, proxy: Proxy, client_ssl: ssl.SSLContext
+) -> None:
+    """The connection pool counts a tunnel under the target it leads to, never the proxy."""
+    async with aiohttp.ClientSession() as session:
+        url = tls_server.url(host="localhost")
+        async with session.get(url, proxy=proxy.url, ssl=client_ssl) as response:
+            await response.read()
+        assert open_connections(telemetry) == {("localhost", "idle"): 1}
+    assert open_connections(telemetry) == {}
