@@ -24,6 +24,7 @@ def request_to(method: str, url: str) -> dict[str, Any]:
         "http.request.method": method,
         "llm_latency.connection.reused": False,
         "llm_latency.event_loop.lag": IsFloat(),
+        "network.peer.address": "127.0.0.1",  # the test server listens there only
         "network.protocol.version": "1.1",
         "server.address": "127.0.0.1",
         "server.port": "PORT",

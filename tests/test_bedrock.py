@@ -271,6 +271,7 @@ async def test_throttling_retries_grouped_under_the_call(
                 **answer,
                 "http.request.method": "POST",
                 "llm_latency.connection.reused": resend > 0,
+                "network.peer.address": "127.0.0.1",
                 "network.protocol.version": "1.1",
                 "server.address": "127.0.0.1",
                 "server.port": "PORT",

@@ -41,6 +41,7 @@ def request_to(method: str, url: str, host: str = "127.0.0.1") -> dict[str, Any]
     """A request span's attributes that come from its request to the test server's ``url``."""
     return {
         "http.request.method": method,
+        "network.peer.address": "127.0.0.1",  # the test server listens there only
         "network.protocol.version": "1.1",
         "server.address": host,
         "server.port": "PORT",

@@ -90,6 +90,7 @@ def request_to(method: str, url: str) -> dict[str, Any]:
     """An attempt's attributes that come from its request to the test server's ``url``."""
     return {
         "http.request.method": method,
+        "network.peer.address": "127.0.0.1",  # the test servers listen there only
         "server.address": "127.0.0.1",
         "server.port": "PORT",
         "url.full": re.sub(r":\d+/", ":PORT/", url, count=1),
@@ -137,6 +138,7 @@ def redirect_hops(server: LLMServer, lag: dict[str, Any] | None = None) -> list[
                 "http.request.method": "GET",
                 "http.response.status_code": 302,
                 "llm_latency.connection.reused": False,
+                "network.peer.address": "127.0.0.1",
                 "network.protocol.version": "1.1",
                 "server.address": "127.0.0.1",
                 "server.port": "PORT",

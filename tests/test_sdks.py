@@ -50,6 +50,7 @@ def post_to(path: str) -> dict[str, Any]:
     """An attempt's attributes that come from its request: a POST to the provider's ``path``."""
     return {
         "http.request.method": "POST",
+        "network.peer.address": "127.0.0.1",
         "network.protocol.version": "1.1",
         "server.address": "127.0.0.1",
         "server.port": "PORT",
@@ -233,6 +234,7 @@ async def test_openai_retry_after_429(
                         "http.response.status_code": 429,
                         "llm_latency.connection.reused": False,
                         **lag,
+                        "network.peer.address": "127.0.0.1",
                         "network.protocol.version": "1.1",
                         "server.address": "127.0.0.1",
                         "server.port": "PORT",
@@ -267,6 +269,7 @@ async def test_openai_retry_after_429(
                         **lag,
                         "llm_latency.network_overhead": IsFloat(ge=0),
                         "llm_latency.server.processing_time": 0.05,
+                        "network.peer.address": "127.0.0.1",
                         "network.protocol.version": "1.1",
                         "server.address": "127.0.0.1",
                         "server.port": "PORT",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_latency.urls import redact, route_template
+from llm_latency.urls import proxy_origin, redact, route_template, scrub_userinfo
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,26 @@ def test_redact(url: str, expected: str) -> None:
 )  # fmt: skip
 def test_route_template(path: str, template: str | None) -> None:
     assert route_template(path) == template
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://user:s3cret@proxy.corp:3128", "http://proxy.corp:3128"),
+        ("http://user:s3cret@proxy.corp:3128/some/path?x=1", "http://proxy.corp:3128"),
+        ("https://[::1]:8443", "https://[::1]:8443"),
+        ("proxy.corp:3128", "http://proxy.corp:3128"),
+        ("http://proxy.corp", "http://proxy.corp"),
+        ("http://:3128", "REDACTED"),
+    ],
+)  # fmt: skip
+def test_proxy_origin_has_no_credentials(url: str, expected: str) -> None:
+    assert proxy_origin(url) == expected
+
+
+def test_scrub_userinfo_in_exception_text() -> None:
+    text = "401, message='Unauthorized', url='http://llm-user:pw@127.0.0.2:3128' (see https://x.test/a@b)"
+    assert scrub_userinfo(text) == (
+        "401, message='Unauthorized', url='http://REDACTED:REDACTED@127.0.0.2:3128' "
+        "(see https://x.test/a@b)"
+    )

@@ -13,6 +13,7 @@ the attempts in flight. :data:`active` is the emitter of the current instrumenta
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -43,7 +44,7 @@ from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 from llm_latency.tracer_handle import TracerHandle
-from llm_latency.urls import redact, route_template
+from llm_latency.urls import proxy_origin, redact, route_template, scrub_userinfo
 
 _logger = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ class Emitter:
         self._emit_phases(timeline, span, ctx, record.host, error)
         if error is not None:
             if timeline.failed_phase is None or not self.phase_spans:
-                span.record_exception(error)
+                record_exception(span, error)
             span.set_status(Status(StatusCode.ERROR, f"{facts.error_type}"))
         elif facts.error_type is not None:
             span.set_status(Status(StatusCode.ERROR))
@@ -261,6 +262,10 @@ class Emitter:
             attributes[semconv.NETWORK_PROTOCOL_VERSION] = timeline.protocol_version
         if timeline.reused is not None:
             attributes[semconv.CONNECTION_REUSED] = timeline.reused
+        if timeline.peer_address is not None:
+            attributes[semconv.NETWORK_PEER_ADDRESS] = timeline.peer_address
+        if timeline.proxy_url is not None:
+            attributes[semconv.PROXY_URL] = proxy_origin(timeline.proxy_url)
         if record.resend_count:
             attributes[semconv.HTTP_REQUEST_RESEND_COUNT] = record.resend_count
         if facts.event_loop_lag is not None:
@@ -313,7 +318,7 @@ class Emitter:
             if error is not None and phase == failed:
                 kind = error_type(error)
                 child.set_attribute(semconv.ERROR_TYPE, kind)
-                child.record_exception(error)
+                record_exception(child, error)
                 child.set_status(Status(StatusCode.ERROR, kind))
             child.end(timeline.to_epoch_ns(end))
 
@@ -322,6 +327,21 @@ class Emitter:
         if not self._failure_logged:
             self._failure_logged = True
             _logger.exception("llm-latency: internal error in %s (logged once)", what)
+
+
+def record_exception(span: Span, error: BaseException) -> None:
+    """Record ``error`` on ``span``, with the credentials of any URL its text quotes redacted."""
+    stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    if "@" not in stack:
+        span.record_exception(error)
+        return
+    span.record_exception(
+        error,
+        attributes={
+            "exception.message": scrub_userinfo(str(error)),
+            "exception.stacktrace": scrub_userinfo(stack),
+        },
+    )
 
 
 #: The emitter of the current instrumentation (None when llm-latency is not instrumented): how

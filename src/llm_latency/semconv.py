@@ -34,7 +34,10 @@ from opentelemetry.semconv.attributes.http_attributes import (
     HTTP_REQUEST_RESEND_COUNT,
     HTTP_RESPONSE_STATUS_CODE,
 )
-from opentelemetry.semconv.attributes.network_attributes import NETWORK_PROTOCOL_VERSION
+from opentelemetry.semconv.attributes.network_attributes import (
+    NETWORK_PEER_ADDRESS,
+    NETWORK_PROTOCOL_VERSION,
+)
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.semconv.attributes.url_attributes import URL_FULL
 from opentelemetry.semconv.metrics.http_metrics import HTTP_CLIENT_REQUEST_DURATION
@@ -57,6 +60,7 @@ __all__ = [
     "HTTP_REQUEST_METHOD_ORIGINAL",
     "HTTP_REQUEST_RESEND_COUNT",
     "HTTP_RESPONSE_STATUS_CODE",
+    "NETWORK_PEER_ADDRESS",
     "NETWORK_PROTOCOL_VERSION",
     "SERVER_ADDRESS",
     "SERVER_PORT",
@@ -72,6 +76,8 @@ URL_TEMPLATE: Final = "url.template"
 
 PHASE: Final = "llm_latency.phase"
 CONNECTION_REUSED: Final = "llm_latency.connection.reused"
+#: The proxy an attempt went through: ``scheme://host:port``, never its credentials.
+PROXY_URL: Final = "llm_latency.proxy.url"
 SERVER_PROCESSING_TIME: Final = "llm_latency.server.processing_time"
 NETWORK_OVERHEAD: Final = "llm_latency.network_overhead"
 EVENT_LOOP_LAG: Final = "llm_latency.event_loop.lag"

@@ -20,16 +20,19 @@ if TYPE_CHECKING:
 QUEUE: Final = 0
 DNS: Final = 1
 CONNECT: Final = 2
-TLS: Final = 3
-SEND: Final = 4
-WAIT: Final = 5
-RECEIVE: Final = 6
+#: Through a proxy's ``CONNECT`` tunnel: from the TCP connection to the proxy to its answer.
+PROXY: Final = 3
+TLS: Final = 4
+SEND: Final = 5
+WAIT: Final = 6
+RECEIVE: Final = 7
 
 #: Phase names, indexed by the constants above, in the order they happen.
 PHASE_NAMES: Final[tuple[str, ...]] = (
     "queue",
     "dns",
     "connect",
+    "proxy",
     "tls",
     "send",
     "wait",
@@ -57,7 +60,9 @@ class Timeline:
         "last_chunk_ns",
         "max_gap_ns",
         "method",
+        "peer_address",
         "protocol_version",
+        "proxy_url",
         "resend_count",
         "response_headers",
         "reused",
@@ -81,6 +86,11 @@ class Timeline:
         self.protocol_version: str | None = None
         self.response_headers: RawHeaders | None = None
         self.reused: bool | None = None
+        #: The address the connection went to (the proxy's when proxied), once known.
+        self.peer_address: str | None = None
+        #: The proxy the attempt went through, as the client was given it (credentials and
+        #: all: the emitter redacts it).
+        self.proxy_url: str | None = None
         #: What the client says of its own retries (a retry-count header, urllib3's history).
         self.resend_count = 0
         self.error: BaseException | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -70,3 +71,27 @@ def redact(url: str) -> str:
         return REDACTED
     query = _redact_query(parts.query) if parts.query else ""
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+
+
+@lru_cache(maxsize=64)
+def proxy_origin(url: str) -> str:
+    """A proxy's ``scheme://host:port``, with no credentials, path or query (a proxy URL can
+    carry a user and password; they never reach a span)."""
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return REDACTED
+    if not host:
+        return REDACTED
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{netloc}" + ("" if port is None else f":{port}")
+
+
+_USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
+
+
+def scrub_userinfo(text: str) -> str:
+    """``text`` with the ``user:password@`` of any URL in it redacted: exception messages can
+    quote a URL whole (aiohttp's proxy errors quote the proxy's, credentials and all)."""
+    return _USERINFO.sub(f"{REDACTED}:{REDACTED}@", text)

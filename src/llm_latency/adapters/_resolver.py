@@ -33,6 +33,21 @@ def is_ip_literal(host: Any) -> bool:
     return True
 
 
+def peer_address(sockaddr: Any) -> str | None:
+    """The address of a socket's peer (``getpeername()``, or a transport's ``peername``)."""
+    if isinstance(sockaddr, tuple) and sockaddr and isinstance(sockaddr[0], str):
+        return sockaddr[0]
+    return None
+
+
+def socket_peer(sock: Any) -> str | None:
+    """The address a connected socket went to; None once it is no longer connected."""
+    try:
+        return peer_address(sock.getpeername())
+    except (OSError, AttributeError):
+        return None
+
+
 def _lookup_begins(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     attempt = connecting.get()
     if attempt is None or attempt.ended or attempt.current_phase != CONNECT:

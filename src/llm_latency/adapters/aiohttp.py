@@ -12,6 +12,10 @@ degrades on its own when aiohttp changes, see ``_patching``):
 - ``connect``: from ``TCPConnector._wrap_create_connection`` to the end of
   ``aiohappyeyeballs.start_connection`` (the TCP socket is up);
 - ``tls``: from there to the end of ``_wrap_create_connection`` (the handshake is done);
+- through a proxy (``TCPConnector._create_proxy_connection``), ``dns`` and ``connect`` are the
+  proxy's; for an HTTPS target, ``proxy`` lasts from the TCP connection to the proxy until the
+  proxy answered the ``CONNECT`` (that exchange is not the attempt's send, wait and receive),
+  and ``tls`` is ``_start_tls_connection``, the handshake with the target through the tunnel;
 - ``send``: ``ClientRequest.send`` until the request body's writer task is done;
 - ``wait``: from then until ``ClientResponse.start`` has parsed the response headers;
 - ``receive``: from the headers until the body's EOF reaches the response's ``StreamReader``
@@ -33,7 +37,7 @@ from aiohttp.client_exceptions import ClientConnectionError
 from opentelemetry.trace import Span
 
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
-from llm_latency.adapters._resolver import is_ip_literal
+from llm_latency.adapters._resolver import is_ip_literal, peer_address, socket_peer
 from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
 from llm_latency.headers import request_resend_count
@@ -43,6 +47,7 @@ from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import (
     CONNECT,
     DNS,
+    PROXY,
     QUEUE,
     RECEIVE,
     SEND,
@@ -63,13 +68,15 @@ _READER: Final = "aiohttp.streams:StreamReader"
 class _SessionRequest:
     """One ``ClientSession._request`` call: its attempt in flight and how many it made."""
 
-    __slots__ = ("attempt", "attempts", "last", "tls_expected")
+    __slots__ = ("attempt", "attempts", "last", "tls_expected", "tunnel")
 
     def __init__(self) -> None:
         self.attempt: Timeline | None = None
         self.last: Span | None = None  # the request span of the attempt before
         self.attempts = 0
         self.tls_expected = False
+        #: A proxy's CONNECT tunnel is being opened: its exchange is no request of the program's.
+        self.tunnel = False
 
 
 _session_request: ContextVar[_SessionRequest | None] = ContextVar(
@@ -159,6 +166,17 @@ class AiohttpAdapter:
                 (_PROTOCOL, "connection_lost", Hook(self._emitter.pools.lifetimes.on_close)),
             ],
         )
+        p.group(
+            "proxies",
+            [
+                (
+                    _TCP_CONNECTOR,
+                    "_create_proxy_connection",
+                    Hook(_proxy_begins, self._proxy_connected, _proxy_fails),
+                ),
+                (_TCP_CONNECTOR, "_start_tls_connection", phase_hook(TLS, _tunnel_tls)),
+            ],
+        )
         p.group("connection reuse", [(_BASE_CONNECTOR, "_get", Hook(_found, _pooled))])
         p.group("the send and wait phases", [(_REQUEST, "send", Hook(_send_begins, self._sent))])
         p.group("body chunk times", [(_READER, "feed_data", Hook(_chunk))])
@@ -221,6 +239,8 @@ class AiohttpAdapter:
         url = req.url
         attempt = Timeline(req.method, str(url))
         attempt.resend_count = call.attempts + request_resend_count(req.headers)
+        if req.proxy is not None:
+            attempt.proxy_url = str(req.proxy)
         call.attempts += 1
         call.last = self._emitter.start(
             attempt,
@@ -305,6 +325,17 @@ class AiohttpAdapter:
             pools.watch(connector, _read_connector)
         return result
 
+    def _proxy_connected(self, state: tuple[_SessionRequest, Any, Any], result: Any) -> Any:
+        call, connector, req = state
+        call.tunnel = False
+        # The connection the request runs on (through a tunnel, a new protocol over the
+        # proxy's socket, which never hears of the close), counted under the target like a
+        # direct one.
+        pools = self._emitter.pools
+        pools.lifetimes.opened(result[1], req.host, req.port)
+        pools.watch(connector, _read_connector)
+        return result
+
     def _body_fails(self, stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._end_body(stream, _arg(args, kwargs, 0, "exc"))
 
@@ -351,7 +382,30 @@ def _connecting(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         call.tls_expected = bool(kwargs.get("ssl"))
         # Another address after a failed one: the phase goes on from its first start.
         attempt.resume(CONNECT)
-    return attempt, conn, kwargs.get("req")
+    # The connection to a proxy's tunnel is counted once the tunnel is up (_proxy_connected).
+    tunnel = call is not None and call.tunnel
+    return attempt, conn, None if tunnel else kwargs.get("req")
+
+
+def _proxy_begins(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = _session_request.get()
+    if call is None:
+        return SKIP
+    req = _arg(args, kwargs, 0, "req")
+    call.tunnel = req.is_ssl()
+    return call, conn, req
+
+
+def _proxy_fails(state: tuple[_SessionRequest, Any, Any], exc: BaseException) -> None:
+    state[0].tunnel = False
+
+
+def _tunnel_tls(conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The attempt whose tunnel is up: the handshake with the target begins."""
+    attempt = _attempt_in_flight()
+    if attempt is not None and attempt.current_phase == PROXY:
+        attempt.end_phase(PROXY)
+    return attempt
 
 
 def _tcp_connecting(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -364,22 +418,33 @@ def _tcp_connected(call: _SessionRequest, sock: Any) -> Any:
     if attempt is not None and attempt.current_phase == CONNECT:
         now = clock_ns()
         attempt.end_phase(CONNECT, now)
-        if call.tls_expected:
+        attempt.peer_address = socket_peer(sock)
+        if call.tunnel:
+            attempt.begin(PROXY, now)
+        elif call.tls_expected:
             attempt.begin(TLS, now)
     return sock
 
 
 def _send_begins(req: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    attempt = _attempt_in_flight()
+    call = _session_request.get()
+    attempt = None if call is None or call.tunnel else call.attempt
     if attempt is None:
         return SKIP
-    attempt.begin(SEND)
+    if attempt.peer_address is None:  # a pooled connection
+        transport = _arg(args, kwargs, 0, "conn").transport
+        if transport is not None:
+            attempt.peer_address = peer_address(transport.get_extra_info("peername"))
+    if attempt.current_phase == PROXY:  # the tunnel's handshake was not seen
+        attempt.advance(SEND)
+    else:
+        attempt.begin(SEND)
     return attempt, req
 
 
 def _response_starts(response: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call = _session_request.get()
-    attempt = None if call is None else call.attempt
+    attempt = None if call is None or call.tunnel else call.attempt
     if call is None or attempt is None:
         return SKIP
     return call, attempt, response

@@ -13,6 +13,10 @@ How each phase is observed (hooks are on classes, so clients and transports crea
 - ``connect``: the ``connect_tcp`` trace events; ``dns``: the resolver call made inside it
   (see ``_resolver``);
 - ``tls``: the ``start_tls`` events;
+- through a proxy (``HTTPProxy``, ``AsyncHTTPProxy``), ``dns`` and ``connect`` are the
+  proxy's; in a ``CONNECT`` tunnel, ``proxy`` lasts from the tunnel request's send until the
+  handshake with the target begins (the ``CONNECT`` exchange is not the attempt's send, wait
+  and receive);
 - ``send``: ``send_request_headers.started`` to ``send_request_body.complete``;
 - ``wait``: from there to ``receive_response_headers.complete``;
 - ``receive``: from the headers until the response stream is exhausted or closed. httpcore reads
@@ -31,13 +35,13 @@ from functools import partial
 from typing import Any
 
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
-from llm_latency.adapters._resolver import connecting, resolver_hooks
+from llm_latency.adapters._resolver import connecting, peer_address, resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolMetrics, PoolRow, limit_or_none
 from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
-from llm_latency.timeline import CONNECT, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline
+from llm_latency.timeline import CONNECT, PROXY, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline
 
 _RETRY_COUNT_NAMES = frozenset(name.encode() for name in RETRY_COUNT_HEADERS)
 _DEFAULT_PORTS = {b"http": 80, b"https": 443, b"ws": 80, b"wss": 443}
@@ -70,6 +74,13 @@ def _connect_done(attempt: Timeline, info: dict[str, Any]) -> None:
     connecting.set(None)
     if attempt.current_phase == CONNECT:
         attempt.end_phase(CONNECT)
+    _note_peer(attempt, info.get("return_value"))
+
+
+def _note_peer(attempt: Timeline, stream: Any) -> None:
+    get_extra_info = getattr(stream, "get_extra_info", None)
+    if get_extra_info is not None:
+        attempt.peer_address = peer_address(get_extra_info("server_addr"))
 
 
 def _connect_failed(attempt: Timeline, info: dict[str, Any]) -> None:
@@ -77,7 +88,10 @@ def _connect_failed(attempt: Timeline, info: dict[str, Any]) -> None:
 
 
 def _tls_started(attempt: Timeline, info: dict[str, Any]) -> None:
-    attempt.begin(TLS)
+    if attempt.current_phase == PROXY:
+        attempt.advance(TLS)
+    else:
+        attempt.begin(TLS)
 
 
 def _tls_done(attempt: Timeline, info: dict[str, Any]) -> None:
@@ -85,16 +99,26 @@ def _tls_done(attempt: Timeline, info: dict[str, Any]) -> None:
 
 
 def _send_started(attempt: Timeline, info: dict[str, Any]) -> None:
+    request = info.get("request")
+    if getattr(request, "method", None) == b"CONNECT" and attempt.method != "CONNECT":
+        attempt.begin(PROXY)  # a proxy's tunnel opens: its exchange is no phase of the request
+        return
     if attempt.reused is None:
         attempt.reused = True
-    attempt.begin(SEND)
+    if attempt.current_phase == PROXY:
+        attempt.advance(SEND)
+    else:
+        attempt.begin(SEND)
 
 
 def _sent(attempt: Timeline, info: dict[str, Any]) -> None:
-    attempt.advance(WAIT)
+    if attempt.current_phase != PROXY:
+        attempt.advance(WAIT)
 
 
 def _headers_received(attempt: Timeline, info: dict[str, Any]) -> None:
+    if attempt.current_phase == PROXY:
+        return  # the proxy's answer to CONNECT
     attempt.advance(RECEIVE)
     result = info.get("return_value")
     if not isinstance(result, tuple):
@@ -318,7 +342,7 @@ class HttpcoreAdapter:
             self._resolver_acquired = False
             resolver_hooks.release()
 
-    def _begin(self, request: Any, trace_factory: Callable[..., Any]) -> Any:
+    def _begin(self, pool: Any, request: Any, trace_factory: Callable[..., Any]) -> Any:
         """Start the attempt for an httpcore request, or SKIP if it must not be traced."""
         if not tracing_allowed():
             return SKIP
@@ -335,6 +359,9 @@ class HttpcoreAdapter:
             f"{scheme.decode('ascii', 'replace')}://{netloc}{target}",
         )
         attempt.resend_count = _retry_count(request.headers)
+        proxy = getattr(pool, "_proxy_url", None)
+        if proxy is not None:
+            attempt.proxy_url = _origin_url(proxy)
         carrier: dict[str, str] = {}
         self._emitter.start(
             attempt,
@@ -356,20 +383,24 @@ class HttpcoreAdapter:
         return attempt, connecting.set(None)
 
     def _sync_begins(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._begin(args[0] if args else kwargs["request"], _SyncTrace)
+        return self._begin(pool, args[0] if args else kwargs["request"], _SyncTrace)
 
     def _async_begins(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._begin(args[0] if args else kwargs["request"], _AsyncTrace)
+        return self._begin(pool, args[0] if args else kwargs["request"], _AsyncTrace)
 
     def _sync_returns(self, state: tuple[Timeline, Any], response: Any) -> Any:
         attempt, token = state
         connecting.reset(token)
+        if attempt.peer_address is None:  # a pooled connection
+            _note_peer(attempt, response.extensions.get("network_stream"))
         response.stream = _SyncStream(response.stream, attempt, self._emitter)
         return response
 
     def _async_returns(self, state: tuple[Timeline, Any], response: Any) -> Any:
         attempt, token = state
         connecting.reset(token)
+        if attempt.peer_address is None:  # a pooled connection
+            _note_peer(attempt, response.extensions.get("network_stream"))
         response.stream = _AsyncStream(response.stream, attempt, self._emitter)
         return response
 
@@ -380,6 +411,13 @@ class HttpcoreAdapter:
 
     def _abandon(self, state: tuple[Timeline, Any]) -> None:
         self._emitter.finish(state[0])
+
+
+def _origin_url(url: Any) -> str:
+    """``scheme://host:port`` of an httpcore ``URL`` (a proxy's)."""
+    scheme, host = url.scheme.decode("ascii", "replace"), url.host.decode("ascii", "replace")
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{netloc}" + ("" if url.port is None else f":{url.port}")
 
 
 def _queued_attempt(

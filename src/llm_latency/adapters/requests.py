@@ -11,6 +11,10 @@ How each phase is observed (hooks on urllib3's classes; each group degrades on i
   every connection is in use;
 - ``connect``: ``HTTPConnection._new_conn`` (``dns``: the ``socket.getaddrinfo`` call inside it,
   see ``_resolver``); ``tls``: ``_ssl_wrap_socket_and_match_hostname``;
+- through a proxy (requests' ``proxies``, urllib3's ``ProxyManager``), ``dns`` and ``connect``
+  are the proxy's; in a ``CONNECT`` tunnel, ``proxy`` is ``HTTPConnection._tunnel`` (the
+  tunnel's request and the proxy's answer); the attempt's host is the target's, also when a
+  plain HTTP request goes to the proxy's pool in absolute form;
 - ``send``: ``HTTPConnection.request`` (headers and body written);
 - ``wait``: from there until the response headers are parsed (``HTTPResponse`` is built);
 - ``receive``: from the headers until the attempt ends (below). Like httpcore, urllib3 reads
@@ -38,7 +42,7 @@ from llm_latency.adapters._patching import (
     Unavailable,
     phase_hook,
 )
-from llm_latency.adapters._resolver import connecting, resolver_hooks
+from llm_latency.adapters._resolver import connecting, resolver_hooks, socket_peer
 from llm_latency.adapters._urllib3_attempt import (
     ATTEMPT,
     Attempt,
@@ -61,13 +65,14 @@ from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
 from llm_latency.headers import request_resend_count
 from llm_latency.suppression import tracing_allowed
-from llm_latency.timeline import CONNECT, QUEUE, SEND, TLS, WAIT, Timeline
+from llm_latency.timeline import CONNECT, PROXY, QUEUE, SEND, TLS, WAIT, Timeline
 
 _RESPONSE: Final = "urllib3.response:HTTPResponse"
 
 # urlopen(method, url, body=None, headers=None, retries=None, ...): positions of the arguments
 _HEADERS_AT: Final = 3
 _RETRIES_AT: Final = 4
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
 def _resend_count(retries: Any, headers: Any) -> int:
@@ -149,6 +154,7 @@ class RequestsAdapter:
                 )
             ],
         )
+        p.group("the proxy phase", [(CONNECTION, "_tunnel", phase_hook(PROXY, _handshaking))])
         p.group("the send and wait phases", [(CONNECTION, "request", Hook(_send_begins, _sent))])
         p.group("the connection pool", pool_hooks(self._emitter.pools))
         chunk = Tap(chunk_read)
@@ -185,15 +191,21 @@ class RequestsAdapter:
         timeline.resend_count = _resend_count(
             argument(args, kwargs, _RETRIES_AT, "retries"), headers
         )
+        if pool.proxy is not None:
+            timeline.proxy_url = pool.proxy.url
         attempt = Attempt(timeline, self._emitter)
-        path = url.partition("?")[0] if "://" not in url else urllib3.util.parse_url(url).path
+        host, port, path = pool.host, pool.port, url.partition("?")[0]
+        if "://" in url:  # in absolute form, to a proxy's pool: the target is in the URL
+            target = urllib3.util.parse_url(url)
+            host, path = target.host or host, target.path
+            port = target.port or _DEFAULT_PORTS.get(target.scheme or "", port)
         # The outermost urlopen groups urllib3's own retries and redirects (it recurses for
         # each), so the waits between them become retry.backoff spans.
         call = LogicalCall() if current_call.get() is None else None
         call_token = None if call is None else current_call.set(call)
         try:
             carrier: dict[str, str] = {}
-            self._emitter.start(timeline, pool.host, pool.port, path or "/", carrier)
+            self._emitter.start(timeline, host, port, path or "/", carrier)
             headers.update(carrier)
         except BaseException:
             attempt.end()
@@ -230,7 +242,13 @@ def _connection_taken(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     if attempt is None:
         return SKIP
     conn = args[0] if args else kwargs["conn"]
-    attempt.timeline.reused = getattr(conn, "sock", None) is not None
+    sock = getattr(conn, "sock", None)
+    timeline = attempt.timeline
+    # A tunnel through a proxy is opened before (``_prepare_proxy``): its connect is this
+    # attempt's, the connection is new.
+    timeline.reused = sock is not None and timeline.bounds_of(CONNECT) is None
+    if sock is not None:
+        timeline.peer_address = socket_peer(sock)
     return attempt  # urllib3 may retry after _make_request raises: the attempt ends then
 
 
@@ -262,6 +280,7 @@ def _connect_ends(state: tuple[Timeline, Any, bool], sock: Any) -> Any:
     now = clock_ns()
     if attempt.current_phase == CONNECT:
         attempt.end_phase(CONNECT, now)
+    attempt.peer_address = socket_peer(sock)
     if sending:
         attempt.begin(SEND, now)
     return sock

@@ -26,6 +26,7 @@ PHASE_COLORS = {
     "queue": "#9b5de5",
     "dns": "#00bbf9",
     "connect": "#00f5d4",
+    "proxy": "#fee440",
     "tls": "#4361ee",
     "send": "#f15bb5",
     "wait": "#e4572e",
