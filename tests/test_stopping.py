@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from llm_latency.lifecycle import EXIT_BUDGET_S
 from tests.otlp_receiver import OTLPReceiver
 from tests.servers import LLMServer, unused_port
 
@@ -208,7 +209,10 @@ async def test_a_process_pool_exports_every_request(server: LLMServer, mode: str
     down_endpoint = f"http://127.0.0.1:{unused_port()}"
     down, down_exit = await asyncio.to_thread(run_job, mode, down_endpoint, server.url())
     assert 1 <= down.stderr.count(WARNING) <= 2, down.stderr
-    assert down_exit - up_exit < 2.5, (down_exit, up_exit)
+    # Each of the job's three processes (the parent and two workers) spends at most its exit
+    # budget on the unreachable collector; even one after the other, on a loaded machine, that
+    # stays under a budget per process and one more, where unbounded exporters retry for 10 s.
+    assert down_exit - up_exit < 4 * EXIT_BUDGET_S, (down_exit, up_exit)
 
 
 def run_plain(endpoint: str, url: str, n: int = REQUESTS, **env: str) -> Stopped:
