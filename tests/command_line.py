@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +60,9 @@ def _global_state() -> tuple[object, ...]:
     )
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Result:
+def run_cli(
+    *args: str, env: Mapping[str, str | None] | None = None, stdin: str | None = None
+) -> Result:
     """``llm-latency ARGS`` in this process, with no ``OTEL_*`` variable but those of ``env``.
     It runs to its end (each probe instruments and uninstruments its own clients); what it
     prints is captured, and its exit code is the one the entry point would exit with. Not
@@ -139,7 +141,7 @@ def one_error_line(result: Result | subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def probe_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def probe_json(*args: str, env: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """``llm-latency probe --json ARGS``: its report, after a successful run."""
     result = run_cli("probe", "--json", *args, env=env)
     assert result.returncode == 0, result.stderr

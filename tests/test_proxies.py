@@ -18,6 +18,7 @@ from opentelemetry.trace import StatusCode
 
 from tests.attributes import attributes
 from tests.checks import assert_server_phases, int_value
+from tests.command_line import mock_server, probe_json
 from tests.conftest import Telemetry
 from tests.httpx_clients import KINDS, Client
 from tests.proxy_server import PROXY_HOST, Proxy, tinyproxy
@@ -332,3 +333,19 @@ async def test_aiohttp_pools_a_tunnel_as_a_connection_to_the_target(
             await response.read()
         assert open_connections(telemetry) == {("localhost", "idle"): 1}
     assert open_connections(telemetry) == {}
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx2", "requests"])
+def test_probe_goes_through_the_environments_proxy(proxy: Proxy, client: str) -> None:
+    """probe runs inside the user's network: every client it offers honours ``HTTPS_PROXY``
+    (aiohttp only with ``trust_env``), and the tunnel is the request's proxy phase."""
+    env: dict[str, str | None] = {name: None for name in PROXY_VARIABLES}
+    env["HTTPS_PROXY"] = proxy.url
+    with mock_server("--tls", "--tokens", "1") as mock:
+        assert mock.ca_file is not None
+        report = probe_json(
+            mock.url, "--cacert", mock.ca_file, "-n", "1", "--client", client, env=env
+        )
+    (request,) = report["requests"]
+    assert request["status"] == 200
+    assert {"connect", "proxy", "tls"} <= set(request["phases"])

@@ -93,8 +93,8 @@ async def _send(endpoint: Endpoint, kind: str, timeout: float) -> None:
     call = profile.inference(endpoint.model, key) if kind == INFERENCE else profile.edge(key)
     connector = aiohttp.TCPConnector(force_close=True, use_dns_cache=False)
     async with (
-        aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)
+        aiohttp.ClientSession(  # trust_env: the proxy of the network it watches from
+            connector=connector, timeout=aiohttp.ClientTimeout(total=timeout), trust_env=True
         ) as session,
         session.request(
             call.method, endpoint.url + call.path, headers=list(call.headers), data=call.body

@@ -182,8 +182,9 @@ async def _probe_aiohttp(
         use_dns_cache=not options.fresh,
         limit=max(options.concurrency, 1),
     )
+    # trust_env: HTTPS_PROXY and NO_PROXY, as httpx and requests read them by default.
     async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=options.timeout)
+        connector=connector, timeout=aiohttp.ClientTimeout(total=options.timeout), trust_env=True
     ) as session:
 
         async def one() -> None:
