@@ -25,7 +25,9 @@ from llm_latency.diagnosis import (
     Call,
     SpanRecord,
     calls_from_spans,
+    failures,
     from_readable_spans,
+    measured,
     rules,
 )
 from llm_latency.diagnosis.findings import duration
@@ -166,15 +168,27 @@ async def test_slow_connect(telemetry: Telemetry, tls_delay: float) -> None:
         import ssl
 
         context = ssl.create_default_context(cafile=str(mock.ca_file))
-        await run(2, mock.url(), ssl=context)
+        await run(3, mock.url(), concurrent=True, ssl=context)
     findings = diagnose(telemetry.spans())
     if not tls_delay:
         assert "slow-connect" not in rules_found(findings)
         return
     found = finding(findings, "slow-connect")
-    assert found.evidence.count == 1  # the second request was pooled
+    assert found.evidence.count == 3  # three at once: three connections
     assert found.evidence.p50 >= tls_delay
     assert "nearer" in found.fix
+    assert "new-connections" not in rules_found(findings)
+
+
+async def test_one_slow_handshake_is_not_enough_evidence(telemetry: Telemetry) -> None:
+    """One request that paid a slow handshake, the next pooled: a finding needs at least
+    two requests that show it, and says so."""
+    async with running(Profile(ttfb=0.01, tokens=1, tls_delay=0.15), tls=True) as mock:
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(mock.ca_file))
+        await run(2, mock.url(), ssl=context)
+    assert diagnose(telemetry.spans()) == []
 
 
 # -- the server's time and the network's -----------------------------------------------------
@@ -396,8 +410,15 @@ def test_thresholds_are_documented() -> None:
     from pathlib import Path
 
     readme = (Path(__file__).parent.parent / "docs" / "diagnosis.md").read_text()
-    names = [n for n in vars(rules) if n.isupper() and isinstance(getattr(rules, n), float)]
-    assert len(names) >= 15
+    names = [
+        n
+        for module in (rules, failures, measured)
+        for n in vars(module)
+        if n.isupper()
+        and isinstance(getattr(module, n), int | float)
+        and n not in ("DNS", "QUEUE", "WAIT")
+    ]
+    assert len(names) >= 18
     missing = [n for n in names if f"`{n}`" not in readme]
     assert not missing, missing
     assert all(rule.__doc__ for rule in rules.RULES)

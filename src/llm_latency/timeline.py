@@ -46,6 +46,7 @@ class Timeline:
         "_bounds",
         "_current",
         "bytes_received",
+        "client",
         "chunks",
         "end_ns",
         "ended",
@@ -90,6 +91,7 @@ class Timeline:
         self.chunks = 0
         self.bytes_received = 0
         self.stream: StreamCounter | None = None  # counts a streamed body's events
+        self.client = ""  # the client library, named by its adapter (llm_latency.client)
 
     # -- phases -------------------------------------------------------------------------------
 

@@ -335,6 +335,7 @@ class HttpcoreAdapter:
             f"{scheme.decode('ascii', 'replace')}://{netloc}{target}",
         )
         attempt.resend_count = _retry_count(request.headers)
+        attempt.client = "httpx2" if self._module == "httpcore2" else "httpx"
         carrier: dict[str, str] = {}
         self._emitter.start(
             attempt,
