@@ -93,21 +93,23 @@ class Comparison:
         return text + "."
 
     def main_finding(self) -> str | None:
-        """``the wait accounts for 301 ms of the 310 ms gap per request between E2 and E1``."""
+        """``wait accounts for most of the 310 ms gap per request between E2 and E1: 301 ms
+        more on E1``."""
         ranked = [e for e in self.endpoints if e.p50 is not None]
         if self.gap_phase is None or len(ranked) < 2:
             return None
         fast, slow = ranked[0], ranked[-1]
         return (
-            f"{self.gap_phase} accounts for {duration(self.gap_phase_seconds)} of the "
-            f"{duration(self.gap_seconds)} gap per request between {fast.name} and {slow.name}"
+            f"{self.gap_phase} accounts for most of the {duration(self.gap_seconds)} gap per "
+            f"request between {fast.name} and {slow.name}: {duration(self.gap_phase_seconds)} "
+            f"more on {slow.name}"
         )
 
 
 def _failures(endpoint: Endpoint) -> str:
     if not endpoint.failed:
         return "no failure"
-    return f"{percent(endpoint.failure_rate)} failed ({endpoint.failed} of {endpoint.requests})"
+    return f"{percent(endpoint.failure_rate)} failed, {endpoint.failed} of {endpoint.requests}"
 
 
 def _endpoint(name: str, samples: Sequence[Sample]) -> Endpoint:
