@@ -238,6 +238,7 @@ def test_a_server_that_reports_more_than_the_wait_gets_a_note() -> None:
 
 HEADINGS = re.compile(
     r"#\d+ |http://|percentiles|findings|endpoints compared|\d+ requests? with |[┏┃┡│└]"
+    r"|Fastest|main finding|No endpoint"
 )
 
 

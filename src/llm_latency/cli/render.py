@@ -145,8 +145,10 @@ def facts(result: RequestResult) -> list[str]:
         items.append(f"first chunk {duration(result.time_to_first_chunk)}")
     items.append(f"end {duration(result.total)}")
     if result.server_processing is not None:
-        items.append(f"server {duration(result.server_processing)}")
-    if result.network_overhead is not None:
+        # 0 from a header in whole ms (a refusal's, say) is below what it can tell, not 0.
+        server = result.server_processing
+        items.append(f"server {duration(server)}" if server > 0 else "server <1 ms")
+    if result.network_overhead is not None and result.network_overhead != 0:
         overhead = f"network+edge {duration(result.network_overhead)}"
         if result.network_overhead < 0:
             overhead += f" ({CLOCK_NOTE})"
