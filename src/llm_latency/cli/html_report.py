@@ -261,7 +261,7 @@ def _comparison_section(
     parts = [
         "<section id='compare'><h2>Endpoints compared</h2><ol class='legend-eps'>",
         *(f"<li>{_chip(names[u])} <span class='url'>{_esc(u)}</span></li>" for u in runs),
-        "</ol><table class='cmp'><thead><tr><th>endpoint</th><th class='v'>requests</th>"
+        "</ol><div class='cmp-wrap'><table class='cmp'><thead><tr><th>endpoint</th><th class='v'>requests</th>"
         f"<th>outcome</th><th class='v'>failed</th>{head}</tr></thead><tbody>",
     ]
     for url, results in runs.items():
@@ -277,7 +277,7 @@ def _comparison_section(
             f"<tr><td>{_chip(names[url])}</td><td class='v'>{len(sent)}</td>"
             f"<td class='outcome'>{_tally(results)}</td><td class='v'>{rate}</td>{cells}</tr>"
         )
-    parts.append("</tbody></table>")
+    parts.append("</tbody></table></div>")
     rows = [
         (_chip(names[u]), _TOTAL_COLOR, s["total"]) for u, s in summaries.items() if "total" in s
     ]
@@ -501,6 +501,7 @@ vertical-align:top}.kv td{padding:2px 0;overflow-wrap:break-word}
 .cmp,.chart{width:100%;margin:4px 0}
 .cmp th,.cmp td,.chart th,.chart td{padding:3px 8px;border-bottom:1px solid #e9ecef;text-align:left}
 .cmp th,.chart th{font-weight:600;font-size:12px;color:#495057}
+.cmp th,.cmp td{padding:3px 5px}.cmp-wrap{overflow-x:auto}
 .v{text-align:right!important;white-space:nowrap;font-variant-numeric:tabular-nums}
 .name{white-space:nowrap}
 .chart .bars{width:100%;min-width:120px}.chart tfoot td{border:0}
