@@ -10,7 +10,7 @@ prints the score table of docs/diagnosis.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -45,7 +45,7 @@ class Run:
     endpoints: dict[str, int] = field(default_factory=dict)
 
 
-Program = Callable[[Run], Awaitable[None]]
+Program = Callable[[Run], Coroutine[None, None, None]]
 
 
 @dataclass(frozen=True)

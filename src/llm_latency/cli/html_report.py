@@ -261,7 +261,8 @@ def _comparison_section(
     parts = [
         "<section id='compare'><h2>Endpoints compared</h2><ol class='legend-eps'>",
         *(f"<li>{_chip(names[u])} <span class='url'>{_esc(u)}</span></li>" for u in runs),
-        "</ol><div class='cmp-wrap'><table class='cmp'><thead><tr><th>endpoint</th><th class='v'>requests</th>"
+        "</ol><div class='cmp-wrap'><table class='cmp'><thead><tr><th>endpoint</th>"
+        "<th class='v'>requests</th>"
         f"<th>outcome</th><th class='v'>failed</th>{head}</tr></thead><tbody>",
     ]
     for url, results in runs.items():

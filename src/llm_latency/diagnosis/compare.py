@@ -80,8 +80,7 @@ class Comparison:
             assert other.p50 is not None
             ratio = other.p50 / best.p50 if best.p50 > 0 else float("inf")
             parts.append(
-                f"{other.name} {ratio:.1f} times slower ({duration(other.p50)}, "
-                f"{_failures(other)})"
+                f"{other.name} {ratio:.1f} times slower ({duration(other.p50)}, {_failures(other)})"
             )
         lead = "Fastest answers" if not best.failed else "Fastest successful answers"
         text = f"{lead} (p50 of the successful requests): " + "; ".join(parts)
