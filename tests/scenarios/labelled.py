@@ -179,13 +179,13 @@ def _blocked_while_connecting(where: str) -> Program:
 
 
 async def loop_blocked_in_tls(run: Run) -> None:
-    """The server holds each ClientHello 50 ms; the loop blocks 20 ms in, mid-handshake."""
-    profile = Profile(ttfb=0.05, tokens=1, tls_delay=0.05)
+    """The server holds each ClientHello 30 ms; the loop blocks 10 ms in, mid-handshake."""
+    profile = Profile(ttfb=0.05, tokens=1, tls_delay=0.03)
     with mock(profile, tls=True, names=("llm.test",)) as server:
         resolver = StallingResolver(run.stalls, "none", 0.0)
         await aiohttp_requests(
-            server.url(host="llm.test"), 6, ssl_context=trusting(server), resolver=resolver,
-            during=lambda: run.stalls.later(0.02, BLOCK),
+            server.url(host="llm.test"), 3, ssl_context=trusting(server), resolver=resolver,
+            during=lambda: run.stalls.later(0.01, BLOCK),
         )  # fmt: skip
 
 

@@ -297,26 +297,31 @@ def stream_stall(calls: Sequence[Call]) -> Finding | None:
 
 def _lag_by_phase(attempts: Sequence[Attempt]) -> str:
     """Where the stall fell, when the phases say: ``most of it in connect and tls (280 ms of
-    their 300 ms: mostly this program's stall, not the network)``; empty when not known."""
-    lagged: dict[str, tuple[float, float]] = {}
+    their 300 ms per request: mostly this program's stall, not the network)``; empty when not
+    known."""
+    lagged: dict[str, list[float]] = {}  # phase -> [lag, duration, requests]
     for attempt in attempts:
         for phase in attempt.phases:
             if phase.lag:
-                lag, whole = lagged.get(phase.name, (0.0, 0.0))
-                lagged[phase.name] = (lag + phase.lag, whole + phase.duration)
+                sums = lagged.setdefault(phase.name, [0.0, 0.0, 0.0])
+                sums[0] += phase.lag
+                sums[1] += phase.duration
+                sums[2] += 1
     if not lagged:
         return ""
-    every = sum(lag for lag, _ in lagged.values())
-    ranked = sorted(lagged, key=lambda name: -lagged[name][0])
+    every = sum(sums[0] for sums in lagged.values())
     chosen: list[str] = []
-    for name in ranked:  # the phases that hold most of the stall, largest first
+    for name in sorted(lagged, key=lambda n: -lagged[n][0]):  # the phases holding most of it
         chosen.append(name)
         if sum(lagged[n][0] for n in chosen) >= 0.5 * every:
             break
-    lag = sum(lagged[n][0] for n in chosen)
-    whole = sum(lagged[n][1] for n in chosen)
+    lag = sum(lagged[n][0] / lagged[n][2] for n in chosen)
+    whole = sum(lagged[n][1] / lagged[n][2] for n in chosen)
     their = "its" if len(chosen) == 1 else "their"
-    text = f"; most of it in {' and '.join(chosen)} ({duration(lag)} of {their} {duration(whole)}"
+    text = (
+        f"; most of it in {' and '.join(chosen)} ({duration(lag)} of {their} "
+        f"{duration(whole)} per request"
+    )
     if lag >= MOSTLY_LAG * whole:
         text += ": mostly this program's stall, not the network"
     return text + ")"
