@@ -20,7 +20,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import llm_latency
 from llm_latency import semconv
 from llm_latency.diagnosis import SpanRecord, as_calls, diagnose, from_readable_spans
-from llm_latency.diagnosis.compare import compare, sample_of
 from llm_latency.diagnosis.findings import Finding
 from tests.scenarios.programs import Stalls
 
@@ -92,6 +91,9 @@ def judge(
     if not endpoints:
         findings = diagnose(list(records))
         return findings, [f.rule for f in findings]
+    # Imported here: bench/diagnosis_score.py scores engines from before the comparison too.
+    from llm_latency.diagnosis.compare import compare, sample_of
+
     attempts = [a for call in as_calls(list(records)) for a in call.attempts]
     by_port = {
         name: [sample_of(a) for a in attempts if f":{port}/" in a.url]
@@ -101,8 +103,9 @@ def judge(
     return [], [f"gap: {comparison.gap_phase}"] if comparison.gap_phase else []
 
 
-def play(scenario: Scenario) -> Outcome:
-    """Run ``scenario`` instrumented, on a loop of its own, and judge its spans."""
+def play(scenario: Scenario, judged: bool = True) -> Outcome:
+    """Run ``scenario`` instrumented, on a loop of its own, and judge its spans (unless not
+    ``judged``: the caller judges)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -113,7 +116,7 @@ def play(scenario: Scenario) -> Outcome:
     finally:
         llm_latency.uninstrument()
     records = from_readable_spans(exporter.get_finished_spans())
-    findings, found = judge(records, run.endpoints)
+    findings, found = judge(records, run.endpoints) if judged else ([], [])
     return Outcome(records, run.stalls.windows, run.endpoints, findings, found)
 
 
