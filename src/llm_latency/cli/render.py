@@ -148,7 +148,7 @@ def facts(result: RequestResult) -> list[str]:
         # 0 from a header in whole ms (a refusal's, say) is below what it can tell, not 0.
         server = result.server_processing
         items.append(f"server {duration(server)}" if server > 0 else "server <1 ms")
-    if result.network_overhead is not None and result.network_overhead != 0:
+    if result.network_overhead is not None:
         overhead = f"network+edge {duration(result.network_overhead)}"
         if result.network_overhead < 0:
             overhead += f" ({CLOCK_NOTE})"
