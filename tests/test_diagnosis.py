@@ -341,6 +341,14 @@ async def test_a_healthy_run_has_no_findings(telemetry: Telemetry, server: LLMSe
     assert diagnose(telemetry.spans()) == []
 
 
+async def test_a_single_healthy_call_gets_no_finding(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    """One 700 ms answer is no evidence for a server-time finding ("1 of 1 requests")."""
+    await run(1, server.url(wait=0.7))
+    assert diagnose(telemetry.spans()) == []
+
+
 def _calls(telemetry: Telemetry) -> list[Call]:
     return calls_from_spans(from_readable_spans(telemetry.spans()))
 

@@ -46,4 +46,5 @@ def test_the_stall_is_taken_off_the_network_phases(scenario: Scenario) -> None:
     assert not wrong, f"forbidden findings: {wrong} in {found}"
     assert found and found[0] == "event-loop-lag", found
     assert "most of it in" in findings[0].cause
+    assert "mostly this program's stall, not the network" in findings[0].cause
     assert ok
