@@ -48,3 +48,16 @@ def test_the_stall_is_taken_off_the_network_phases(scenario: Scenario) -> None:
     assert "most of it in" in findings[0].cause
     assert "mostly this program's stall, not the network" in findings[0].cause
     assert ok
+
+
+@pytest.mark.parametrize(
+    ("name", "client"),
+    [("pool-aiohttp", "aiohttp"), ("pool-httpx", "httpx"), ("pool-requests", "urllib3")],
+)
+def test_each_attempt_names_its_client(name: str, client: str) -> None:
+    """``llm_latency.client`` on every attempt: what lets a fix name the client's setting."""
+    (scenario,) = [s for s in SCENARIOS if s.name == name]
+    outcome = play(scenario)
+    attempts = [r for r in outcome.records if "url.full" in r.attributes]
+    assert len(attempts) == 8
+    assert {r.attributes.get("llm_latency.client") for r in attempts} == {client}
