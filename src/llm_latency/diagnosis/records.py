@@ -111,10 +111,6 @@ class Attempt:
                 return each.net
         return None
 
-    def lag_in(self, name: str) -> float:
-        """Seconds of phase ``name`` that were the program's own stall (0 when unknown)."""
-        return sum(p.lag or 0.0 for p in self.phases if p.name == name)
-
     @property
     def connection_setup(self) -> float:
         """DNS + proxy + TCP + TLS (s), the program's own stall taken off: what a pooled
