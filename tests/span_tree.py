@@ -2,7 +2,8 @@
 
 ``span_tree(spans)`` gives each root span, in start order, as
 ``{"name", "kind", "attributes", "children"}``, its children the same way. Times are left out
-(a test bounds them where they matter, with :mod:`tests.checks`), and so are the values that
+(a test bounds them where they matter, with :mod:`tests.checks`), so is ``llm_latency.client``,
+and so are the values that
 change from run to run: the server's port is ``PORT`` in URLs and ``server.port``, and measured
 durations among the attributes compare with ``dirty_equals`` matchers in the expected tree. A
 test then states what the trace must be in one literal, as pydantic/logfire's integration tests
@@ -19,6 +20,9 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 _PORT = re.compile(r"(127\.0\.0\.1|localhost|\[::1\]):\d+")
+#: Attributes the trees leave out: the client library's name (each test knows its client;
+#: tests/test_scenarios.py checks what every adapter records).
+_LEFT_OUT = frozenset({"llm_latency.client"})
 
 
 def _value(name: str, value: Any) -> Any:
@@ -36,7 +40,11 @@ def _node(span: ReadableSpan, by_parent: dict[int, list[ReadableSpan]]) -> dict[
     node: dict[str, Any] = {
         "name": span.name,
         "kind": span.kind.name,
-        "attributes": {k: _value(k, v) for k, v in sorted((span.attributes or {}).items())},
+        "attributes": {
+            k: _value(k, v)
+            for k, v in sorted((span.attributes or {}).items())
+            if k not in _LEFT_OUT
+        },
     }
     kids = by_parent.get(span.context.span_id, [])
     if kids:

@@ -233,11 +233,24 @@ def test_a_server_that_reports_more_than_the_wait_gets_a_note() -> None:
     assert re.search(rf"network\+edge -[45]\.\d\d s \({CLOCK_NOTE}\)", result.stdout)
 
 
+def test_a_refusal_s_zero_server_time_reads_below_a_millisecond() -> None:
+    """A 429 sent at once with ``openai-processing-ms: 0``: the header counts whole ms, so its
+    0 is "<1 ms", never "0 µs"."""
+    answer = response(b"HTTP/1.1 429 Too Many Requests", headers=[
+        b"Content-Type: application/json", b"openai-processing-ms: 0"], body=b"{}")  # fmt: skip
+    with RawServer(answer) as server:
+        result = run_cli("probe", server.url(), env={"COLUMNS": "120"})
+    assert result.returncode == 0, result.stderr
+    assert "server <1 ms" in result.stdout
+    assert "server 0 µs" not in result.stdout
+
+
 # -- layout --------------------------------------------------------------------------------------
 
 
 HEADINGS = re.compile(
     r"#\d+ |http://|percentiles|findings|endpoints compared|\d+ requests? with |[┏┃┡│└]"
+    r"|Fastest|main finding|No endpoint"
 )
 
 

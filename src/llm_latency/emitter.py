@@ -130,6 +130,8 @@ class Emitter:
             attributes[semconv.SERVER_PORT] = port
         if template is not None:
             attributes[semconv.URL_TEMPLATE] = template
+        if timeline.client:
+            attributes[semconv.CLIENT] = timeline.client
         name = (
             f"{known if known != '_OTHER' else 'HTTP'} {template}"
             if template

@@ -81,6 +81,8 @@ PROXY_URL: Final = "llm_latency.proxy.url"
 SERVER_PROCESSING_TIME: Final = "llm_latency.server.processing_time"
 NETWORK_OVERHEAD: Final = "llm_latency.network_overhead"
 EVENT_LOOP_LAG: Final = "llm_latency.event_loop.lag"
+#: The client library that made the attempt: aiohttp, httpx, httpx2 or urllib3 (requests).
+CLIENT: Final = "llm_latency.client"
 STREAM_EVENTS: Final = "llm_latency.stream.events"
 STREAM_MAX_GAP: Final = "llm_latency.stream.max_gap"
 STREAM_MEAN_INTERVAL: Final = "llm_latency.stream.mean_interval"

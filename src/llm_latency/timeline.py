@@ -50,6 +50,7 @@ class Timeline:
         "_current",
         "bytes_received",
         "chunks",
+        "client",
         "end_ns",
         "ended",
         "epoch_start_ns",
@@ -104,6 +105,7 @@ class Timeline:
         #: opt-in time-per-output-chunk histogram); None otherwise.
         self.gaps: list[int] | None = None
         self.stream: StreamCounter | None = None  # counts a streamed body's events
+        self.client = ""  # the client library, named by its adapter (llm_latency.client)
 
     # -- phases -------------------------------------------------------------------------------
 

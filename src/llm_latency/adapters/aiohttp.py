@@ -238,6 +238,7 @@ class AiohttpAdapter:
         req = _arg(args, kwargs, 0, "req")
         url = req.url
         attempt = Timeline(req.method, str(url))
+        attempt.client = "aiohttp"
         attempt.resend_count = call.attempts + request_resend_count(req.headers)
         if req.proxy is not None:
             attempt.proxy_url = str(req.proxy)

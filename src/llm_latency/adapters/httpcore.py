@@ -362,6 +362,7 @@ class HttpcoreAdapter:
         proxy = getattr(pool, "_proxy_url", None)
         if proxy is not None:
             attempt.proxy_url = _origin_url(proxy)
+        attempt.client = "httpx2" if self._module == "httpcore2" else "httpx"
         carrier: dict[str, str] = {}
         self._emitter.start(
             attempt,

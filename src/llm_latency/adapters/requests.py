@@ -188,6 +188,7 @@ class RequestsAdapter:
             else:
                 kwargs = {**kwargs, "headers": headers}
         timeline = Timeline(method, _full_url(pool, url))
+        timeline.client = "urllib3"
         timeline.resend_count = _resend_count(
             argument(args, kwargs, _RETRIES_AT, "retries"), headers
         )

@@ -19,12 +19,13 @@ from datetime import datetime
 import click
 from click.core import ParameterSource
 
+from llm_latency.cli.compare_view import comparison_of
 from llm_latency.cli.redaction import scrub
 from llm_latency.cli.render import PHASE_COLORS
 from llm_latency.cli.results import RequestResult, succeeded, summarize
 from llm_latency.cli.rhythm import endpoint_rhythm
 from llm_latency.diagnosis import Finding
-from llm_latency.diagnosis.findings import NBSP, duration, percentile
+from llm_latency.diagnosis.findings import NBSP, duration
 from llm_latency.timeline import PHASE_NAMES
 from llm_latency.version import __version__
 
@@ -32,11 +33,10 @@ from llm_latency.version import __version__
 MAX_ROWS = 300
 #: Rows of the percentile charts, in this order, with how each is named.
 CHART_ROWS = (*((p, p) for p in PHASE_NAMES), ("first_chunk", "first chunk"), ("total", "total"))
-#: Columns of the endpoint comparison (phase, percentile), shown when any endpoint has them.
+#: Columns of the endpoint comparison (phase, percentile), shown when any endpoint has them:
+#: every phase measured, receive included.
 COMPARED = (
-    ("connect", "p50"),
-    ("tls", "p50"),
-    ("wait", "p50"),
+    *((p, "p50") for p in PHASE_NAMES),
     ("first_chunk", "p50"),
     ("total", "p50"),
     ("total", "p95"),
@@ -181,7 +181,7 @@ def _conclusion(
         )
         own = findings.get(url, ())
         main = (
-            f" Main finding: {_esc(own[0].cause)}"
+            f" {'Top' if len(runs) > 1 else 'Main'} finding: {_esc(own[0].cause)}"
             if own
             else " No finding: nothing in these measurements stood out."
         )
@@ -189,23 +189,12 @@ def _conclusion(
             f"{_chip(names[url])} {_count(len(sent), 'request')}: "
             f"{_tally(results) or 'none recorded'}.{timing}{main}"
         )
-    answered = {  # p50 of the answered requests only: a fast error is not a fast endpoint
-        url: percentile([r.total for r in results if _outcome(r) == "ok"], 50)
-        for url, results in runs.items()
-        if any(_outcome(r) == "ok" for r in results)
-    }
-    if len(runs) > 1 and answered:
-        best = min(answered, key=lambda u: answered[u])
-        others = [
-            f"{names[u]} {answered[u] / answered[best]:.1f}&times; slower ({duration(answered[u])})"
-            for u in answered
-            if u != best and answered[best] > 0
-        ]
-        lines.append(
-            f"Fastest answers (p50 of the total of successful requests): "
-            f"{_chip(names[best])} ({duration(answered[best])})"
-            + (f"; {', '.join(others)}." if others else ".")
-        )
+    if len(runs) > 1:
+        compared = comparison_of(runs, names)
+        lines.append(_esc(compared.ranking()).replace(" times ", "&times; "))
+        gap = compared.main_finding()
+        if gap is not None:
+            lines.append(f"Main finding: {_esc(gap)}.")
     return lines
 
 
@@ -273,8 +262,9 @@ def _comparison_section(
     parts = [
         "<section id='compare'><h2>Endpoints compared</h2><ol class='legend-eps'>",
         *(f"<li>{_chip(names[u])} <span class='url'>{_esc(u)}</span></li>" for u in runs),
-        "</ol><table class='cmp'><thead><tr><th>endpoint</th><th class='v'>requests</th>"
-        f"<th>outcome</th>{head}</tr></thead><tbody>",
+        "</ol><div class='cmp-wrap'><table class='cmp'><thead><tr><th>endpoint</th>"
+        "<th class='v'>requests</th>"
+        f"<th>outcome</th><th class='v'>failed</th>{head}</tr></thead><tbody>",
     ]
     for url, results in runs.items():
         summary = summaries[url]
@@ -282,11 +272,14 @@ def _comparison_section(
             f"<td class='v'>{duration(summary[p][q]) if p in summary else '-'}</td>"
             for p, q in columns
         )
+        sent = _requests(results)
+        failed = sum(1 for r in sent if not succeeded(r))
+        rate = f"{failed / len(sent) * 100:.0f}%" if sent else "-"
         parts.append(
-            f"<tr><td>{_chip(names[url])}</td><td class='v'>{len(_requests(results))}</td>"
-            f"<td class='outcome'>{_tally(results)}</td>{cells}</tr>"
+            f"<tr><td>{_chip(names[url])}</td><td class='v'>{len(sent)}</td>"
+            f"<td class='outcome'>{_tally(results)}</td><td class='v'>{rate}</td>{cells}</tr>"
         )
-    parts.append("</tbody></table>")
+    parts.append("</tbody></table></div>")
     rows = [
         (_chip(names[u]), _TOTAL_COLOR, s["total"]) for u, s in summaries.items() if "total" in s
     ]
@@ -512,6 +505,7 @@ vertical-align:top}.kv td{padding:2px 0;overflow-wrap:break-word}
 .cmp,.chart{width:100%;margin:4px 0}
 .cmp th,.cmp td,.chart th,.chart td{padding:3px 8px;border-bottom:1px solid #e9ecef;text-align:left}
 .cmp th,.chart th{font-weight:600;font-size:12px;color:#495057}
+.cmp th,.cmp td{padding:3px 5px}.cmp-wrap{overflow-x:auto}
 .v{text-align:right!important;white-space:nowrap;font-variant-numeric:tabular-nums}
 .name{white-space:nowrap}
 .chart .bars{width:100%;min-width:120px}.chart tfoot td{border:0}

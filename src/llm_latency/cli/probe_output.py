@@ -14,9 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from llm_latency.cli.compare_view import comparison
 from llm_latency.cli.probe import Emit, UrlRun
 from llm_latency.cli.render import (
-    comparison,
     print_findings,
     request_block,
     status_tables,
@@ -131,7 +131,7 @@ class ProbeOutput:
         """Everything ran (or was stopped): the comparison, or the JSON object or line."""
         if self.mode == "text":
             if len(runs) > 1:
-                comparison(self.console, {u: summarize(run.results) for u, run in runs.items()})
+                comparison(self.console, {u: run.results for u, run in runs.items()})
             return
         report = json_report(runs, self.findings, stopped, with_requests=self.mode == "json")
         if self.mode == "jsonl":

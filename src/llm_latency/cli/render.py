@@ -9,7 +9,7 @@ number and unit) never wraps apart, and continuation lines are indented.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from rich.console import Console, RenderableType
 from rich.segment import Segment, Segments
@@ -147,7 +147,9 @@ def facts(result: RequestResult) -> list[str]:
         items.append(f"first chunk {duration(result.time_to_first_chunk)}")
     items.append(f"end {duration(result.total)}")
     if result.server_processing is not None:
-        items.append(f"server {duration(result.server_processing)}")
+        # 0 from a header in whole ms (a refusal's, say) is below what it can tell, not 0.
+        server = result.server_processing
+        items.append(f"server {duration(server)}" if server > 0 else "server <1 ms")
     if result.network_overhead is not None:
         overhead = f"network+edge {duration(result.network_overhead)}"
         if result.network_overhead < 0:
@@ -284,42 +286,6 @@ def status_tables(console: Console, results: Sequence[RequestResult]) -> None:
     for name, summary in summarize_by_status(results).items():
         _print(console, wrap(status_title(name, summary), console.width, "", "  "), "italic")
         console.print(summary_table(summary.phases, title=""))
-
-
-_COMPARED = [
-    (p, q)
-    for p in ("dns", "connect", "tls", "wait", "first_chunk", "total")
-    for q in ("p50", "p95")
-]
-
-
-def comparison(console: Console, summaries: Mapping[str, dict[str, dict[str, float]]]) -> None:
-    """Several endpoints side by side: a row per phase and percentile, a column per endpoint
-    (numbered ``#1``, ``#2``, ...: a legend under the table maps them to the URLs). As many
-    endpoints per table as the width holds."""
-    urls = list(summaries)
-    rows = [(p, q) for p, q in _COMPARED if any(p in s for s in summaries.values())]
-    per_table = max(1, (console.width - 20) // (VALUE_WIDTH + 3))
-    for first in range(0, len(urls), per_table):
-        chosen = list(enumerate(urls, 1))[first : first + per_table]
-        title = "endpoints compared"
-        if len(urls) > per_table:
-            first_n, last_n = chosen[0][0], chosen[-1][0]
-            title += f" (#{first_n}-#{last_n})" if last_n > first_n else f" (#{first_n})"
-        table = Table()
-        table.add_column("", no_wrap=True)
-        for number, _ in chosen:
-            table.add_column(f"#{number}", justify="right", no_wrap=True)
-        for phase, q in rows:
-            cells = [
-                dur(summaries[u][phase][q]) if phase in summaries[u] else "-" for _, u in chosen
-            ]
-            table.add_row(f"{phase.replace('_', ' ')} {q}", *cells)
-        _print(console, wrap(title, console.width), style="italic")
-        console.print(table)
-    legend = [line for n, url in enumerate(urls, 1) for line in wrap(url, console.width,
-                                                                      f"#{n} ", "   ")]  # fmt: skip
-    _print(console, legend)
 
 
 def findings_lines(findings: Sequence[Finding], width: int) -> list[Text]:

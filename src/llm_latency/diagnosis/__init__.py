@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from llm_latency.diagnosis.failures import FAILURE_RULES
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving
 from llm_latency.diagnosis.records import (
     Attempt,
@@ -57,10 +58,20 @@ def as_calls(items: Iterable[Any]) -> list[Call]:
     return calls + calls_from_spans(spans)
 
 
-def diagnose(calls: Iterable[Any]) -> list[Finding]:
-    """Findings for ``calls`` (finished calls or spans), the largest expected saving first.
+def rank(finding: Finding) -> tuple[int, float]:
+    """The order of the findings: failures first (a failed call is worse than a slow one), the
+    most frequent first; then the largest expected saving."""
+    if finding.rule in FAILURE_RULES:
+        return (0, -finding.evidence.share)
+    return (1, -(finding.saving.total if finding.saving is not None else 0.0))
 
-    A rule that does not apply says nothing: a healthy run has no findings. Each finding names
+
+def diagnose(calls: Iterable[Any]) -> list[Finding]:
+    """Findings for ``calls`` (finished calls or spans): failures first, then the largest
+    expected saving first.
+
+    A rule that does not apply says nothing: a healthy run has no findings, and a finding
+    whose evidence is short of its own minimum (count, share) is left out. Each finding names
     the cause, its evidence (phase, share of the time, p50 and p95, how many requests) and the
     fix with the saving it should bring, computed from these measurements.
     """
@@ -69,6 +80,7 @@ def diagnose(calls: Iterable[Any]) -> list[Finding]:
     if not any(call.attempts for call in own):
         return []
     findings = [finding for rule in RULES if (finding := rule(own)) is not None]
+    findings = [finding for finding in findings if finding.evidence.enough]
     findings += us_or_them(records)
-    findings.sort(key=lambda f: -(f.saving.total if f.saving is not None else 0.0))
+    findings.sort(key=rank)
     return findings

@@ -61,8 +61,10 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What was measured: where (``phase``), what share of the attempts' time it took, its p50
-    and p95 (s) over the ``count`` requests it concerns, out of ``requests`` looked at."""
+    """What was measured: where (``phase``), what share of the attempts' time it took (or of
+    what ``share_of`` names), its p50 and p95 (s) over the ``count`` requests it concerns, out
+    of ``requests`` looked at; ``needed``: the fewest requests the rule wants before it speaks,
+    and ``min_share`` the smallest share (0: none), stated with the finding."""
 
     phase: str
     share: float
@@ -72,6 +74,9 @@ class Evidence:
     requests: int
     #: What ``count`` and ``requests`` count: requests (attempts), or whole calls.
     unit: str = "requests"
+    share_of: str = "the time"
+    needed: int = 1
+    min_share: float = 0.0
 
     @classmethod
     def of(
@@ -81,16 +86,32 @@ class Evidence:
         share: float,
         requests: int,
         unit: str = "requests",
+        *,
+        share_of: str = "the time",
+        needed: int = 1,
+        min_share: float = 0.0,
     ) -> Evidence:
         """Evidence from the per-request (or per-call) ``values`` of ``phase``."""
         p50, p95 = percentile(values, 50), percentile(values, 95)
-        return cls(phase, share, p50, p95, len(values), requests, unit)
+        return cls(phase, share, p50, p95, len(values), requests, unit, share_of, needed, min_share)
+
+    @property
+    def enough(self) -> bool:
+        """True when the evidence meets its own minimum count and share."""
+        return self.count >= self.needed and self.share >= self.min_share
 
     def text(self) -> str:
-        """``http.queue: 38% of the time, p50 820 ms, p95 1.20 s, 30 of 40 requests``."""
+        """``http.queue: 38% of the time, p50 820 ms, p95 1.20 s, 30 of 40 requests (a finding
+        needs 2 and 5% of the time)``."""
+        minimum = ""
+        if self.needed > 1 or self.min_share > 0:
+            needs = [f"{self.needed}"] + (
+                [f"{percent(self.min_share)} of {self.share_of}"] if self.min_share > 0 else []
+            )
+            minimum = f" (a finding needs {' and '.join(needs)})"
         return (
-            f"{self.phase}: {percent(self.share)} of the time, p50 {duration(self.p50)}, "
-            f"p95 {duration(self.p95)}, {self.count} of {self.requests} {self.unit}"
+            f"{self.phase}: {percent(self.share)} of {self.share_of}, p50 {duration(self.p50)}, "
+            f"p95 {duration(self.p95)}, {self.count} of {self.requests} {self.unit}{minimum}"
         )
 
 

@@ -46,13 +46,27 @@ class SpanRecord:
     scope: str | None = None  # the instrumentation scope's name, when known
 
 
+#: The phases that set a connection up: what a pooled connection saves (``proxy``: reaching a
+#: proxy and opening its tunnel, when the adapter shows it as a phase of its own).
+SETUP_PHASES = ("dns", "proxy", "connect", "tls")
+
+
 @dataclass(frozen=True)
 class Phase:
-    """One phase of an attempt: offset from the attempt's start and duration, in seconds."""
+    """One phase of an attempt: offset from the attempt's start and duration, in seconds;
+    ``lag``: how much of it was the program's own event-loop stall (None when not measured:
+    sync clients, or spans from before the measurement existed)."""
 
     name: str
     start: float
     duration: float
+    lag: float | None = None
+
+    @property
+    def net(self) -> float:
+        """The phase's duration without the program's own stall: what the network, the peer
+        or the pool took (s)."""
+        return max(self.duration - (self.lag or 0.0), 0.0)
 
 
 @dataclass
@@ -74,6 +88,7 @@ class Attempt:
     network_overhead: float | None = None
     event_loop_lag: float | None = None
     time_to_first_chunk: float | None = None
+    client: str | None = None  # the client library (llm_latency.client), when known
     stream_events: int | None = None
     stream_max_gap: float | None = None
     stream_mean_interval: float | None = None
@@ -93,10 +108,19 @@ class Attempt:
                 return each.duration
         return None
 
+    def net(self, name: str) -> float | None:
+        """Phase ``name``'s duration without the program's own loop stall (s), or None when
+        it did not happen: what a network rule may look at."""
+        for each in self.phases:
+            if each.name == name:
+                return each.net
+        return None
+
     @property
     def connection_setup(self) -> float:
-        """DNS + TCP + TLS (s): what a pooled connection would have saved."""
-        return sum(p.duration for p in self.phases if p.name in ("dns", "connect", "tls"))
+        """DNS + proxy + TCP + TLS (s), the program's own stall taken off: what a pooled
+        connection would have saved."""
+        return sum(p.net for p in self.phases if p.name in SETUP_PHASES)
 
     @property
     def opened_connection(self) -> bool:
@@ -224,6 +248,7 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
                     name,
                     (child.start_ns - span.start_ns) / 1e9,
                     (child.end_ns - child.start_ns) / 1e9,
+                    _float(child.attributes.get(semconv.EVENT_LOOP_LAG)),
                 )
             )
     phases.sort(key=lambda p: PHASE_NAMES.index(p.name))
@@ -252,6 +277,7 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
         network_overhead=_float(attributes.get(semconv.NETWORK_OVERHEAD)),
         event_loop_lag=_float(attributes.get(semconv.EVENT_LOOP_LAG)),
         time_to_first_chunk=_float(attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)),
+        client=_first(attributes.get(semconv.CLIENT)),
         stream_events=_int(attributes.get(semconv.STREAM_EVENTS)),
         stream_max_gap=_float(attributes.get(semconv.STREAM_MAX_GAP)),
         stream_mean_interval=_float(attributes.get(semconv.STREAM_MEAN_INTERVAL)),

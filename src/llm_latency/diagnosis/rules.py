@@ -1,7 +1,12 @@
 """The diagnosis rules: each reads finished calls and returns a finding, or None when it does
-not apply. Every threshold is a named constant here and listed in README ("Diagnosis").
+not apply. Every threshold is a named constant here (or in the modules of the failure rules and
+of the measures) and listed in docs/diagnosis.md.
 
-Shares are of the attempts' summed duration; percentiles are over the requests a rule concerns.
+The latency rules read only the attempts that succeeded (failures have rules of their own, in
+:mod:`~llm_latency.diagnosis.failures`), and the network rules read each phase without the
+program's own event-loop stall (``Phase.net``). Shares are of the attempts' summed duration;
+percentiles are over the requests a rule concerns; a finding needs at least
+:data:`~llm_latency.diagnosis.measured.MIN_REQUESTS` of them.
 """
 
 from __future__ import annotations
@@ -10,8 +15,18 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from llm_latency import semconv
+from llm_latency.diagnosis import failures
+from llm_latency.diagnosis.advice import pool_knob
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
-from llm_latency.diagnosis.records import Attempt, Call
+from llm_latency.diagnosis.measured import (
+    MIN_REQUESTS,
+    answered,
+    by_host,
+    interval,
+    sustained_peak,
+)
+from llm_latency.diagnosis.measured import total as _total
+from llm_latency.diagnosis.records import SETUP_PHASES, Attempt, Call
 from llm_latency.timeline import DNS, QUEUE, WAIT
 
 #: new-connections: a connection set-up (DNS + TCP + TLS) that costs at least this (s) at p50...
@@ -36,10 +51,6 @@ WAIT_MIN_SHARE: Final = 0.5
 OVERHEAD_MIN: Final = 0.05
 #: ... and at least this share of the wait's p50.
 OVERHEAD_MIN_SHARE_OF_WAIT: Final = 0.2
-#: rate-limits: at least this share of the attempts answered 429...
-RATE_LIMITED_MIN_SHARE: Final = 0.05
-#: ... or at least this share of them retries.
-RETRIED_MIN_SHARE: Final = 0.1
 #: not-streamed: a non-streamed answer whose wait p50 is at least this (s)...
 NOT_STREAMED_MIN_WAIT: Final = 1.0
 #: ... and at least this share of the attempt.
@@ -48,44 +59,23 @@ NOT_STREAMED_MIN_SHARE: Final = 0.6
 STALL_MIN_GAP: Final = 1.0
 #: ... and at least this many times the stream's mean gap.
 STALL_MIN_RATIO: Final = 5.0
-#: event-loop-lag: the program's loop held responses back at least this (s) at p50...
-LAG_MIN: Final = 0.02
-#: ... or for at least this share of the attempts' time.
+#: event-loop-lag: the program's loop held at least two requests back at least this (s), and
+#: this at p50...
+LAG_MIN: Final = 0.05
+#: ... and for at least this share of the attempts' time.
 LAG_MIN_SHARE: Final = 0.1
+#: A phase whose time was at least this share the program's own stall is "mostly lag".
+MOSTLY_LAG: Final = 0.5
 
 Rule = Callable[[Sequence[Call]], "Finding | None"]
 
 
 def _attempts(calls: Sequence[Call]) -> list[Attempt]:
-    return [a for call in calls for a in call.attempts]
+    return answered(calls)
 
 
-def _total(attempts: Sequence[Attempt]) -> float:
-    return sum(a.duration for a in attempts) or 1e-9
-
-
-def _peak(intervals: Sequence[tuple[int, int]]) -> int:
-    """The largest number of intervals that overlap at one instant."""
-    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    peak = current = 0
-    for _, step in edges:  # an end sorts before a start at the same instant (-1 < 1)
-        current += step
-        peak = max(peak, current)
-    return peak
-
-
-def _by_host(attempts: Sequence[Attempt]) -> dict[str, list[Attempt]]:
-    hosts: dict[str, list[Attempt]] = {}
-    for attempt in attempts:
-        hosts.setdefault(attempt.host, []).append(attempt)
-    return hosts
-
-
-def _span(attempt: Attempt, skip_queue: bool = False) -> tuple[int, int]:
-    start = attempt.start_ns
-    if skip_queue:
-        start += int((attempt.phase("queue") or 0.0) * 1e9)
-    return start, attempt.start_ns + int(attempt.duration * 1e9)
+def _evidence(phase: str, values: Sequence[float], share: float, requests: int) -> Evidence:
+    return Evidence.of(phase, values, share, requests, needed=MIN_REQUESTS)
 
 
 def new_connections(calls: Sequence[Call]) -> Finding | None:
@@ -93,8 +83,9 @@ def new_connections(calls: Sequence[Call]) -> Finding | None:
     attempts = _attempts(calls)
     excess: list[Attempt] = []
     poolable = 0
-    for same_host in _by_host(attempts).values():
-        needed = _peak([_span(a) for a in same_host])  # connections the concurrency requires
+    for same_host in by_host(attempts).values():
+        # The connections the concurrency requires:
+        needed = sustained_peak([interval(a) for a in same_host])
         fresh = sorted((a for a in same_host if a.opened_connection), key=lambda a: a.start_ns)
         excess += fresh[needed:]
         poolable += max(len(same_host) - needed, 0)
@@ -105,7 +96,7 @@ def new_connections(calls: Sequence[Call]) -> Finding | None:
         or percentile(setups, 50) < NEW_CONNECTION_MIN_SETUP
     ):
         return None
-    evidence = Evidence.of("dns+connect+tls", setups, sum(setups) / _total(attempts), len(attempts))
+    evidence = _evidence("dns+connect+tls", setups, sum(setups) / _total(attempts), len(attempts))
     return Finding(
         rule="new-connections",
         cause=f"{len(excess)} of {poolable} requests that could have used a pooled connection "
@@ -120,21 +111,23 @@ def new_connections(calls: Sequence[Call]) -> Finding | None:
 def pool_queue(calls: Sequence[Call]) -> Finding | None:
     """Requests waited for a free connection in the client's pool."""
     attempts = _attempts(calls)
-    waits = [q for a in attempts if (q := a.phase("queue") or 0.0) >= QUEUE_MIN_WAIT]
+    waits = [q for a in attempts if (q := a.net("queue") or 0.0) >= QUEUE_MIN_WAIT]
     share = sum(waits) / _total(attempts)
-    if len(waits) < 2 or share < QUEUE_MIN_SHARE:
+    if len(waits) < MIN_REQUESTS or share < QUEUE_MIN_SHARE:
         return None
-    hosts = _by_host(attempts).values()
-    wanted = max(_peak([_span(a) for a in same_host]) for same_host in hosts)
-    in_use = max(_peak([_span(a, skip_queue=True) for a in same_host]) for same_host in hosts)
-    evidence = Evidence.of(semconv.PHASE_SPAN_NAMES[QUEUE], waits, share, len(attempts))
+    hosts = by_host(attempts).values()
+    # Levels of concurrency that lasted: a connection handed from one request to the next
+    # overlaps the two for an instant, which is no larger pool.
+    wanted = max(sustained_peak([interval(a) for a in same_host]) for same_host in hosts)
+    in_use = max(sustained_peak([interval(a, True) for a in same_host]) for same_host in hosts)
+    evidence = _evidence(semconv.PHASE_SPAN_NAMES[QUEUE], waits, share, len(attempts))
     return Finding(
         rule="pool-queue",
         cause=f"{len(waits)} requests waited for a free connection: {wanted} were in flight at "
         f"once on a pool that served {in_use} at a time",
         evidence=evidence,
-        fix=f"raise the pool's limit (aiohttp limit / limit_per_host, httpx max_connections) "
-        f"from {in_use} to {wanted}, the concurrency seen, or send at most {in_use} at once",
+        fix=f"raise the pool's limit ({pool_knob(attempts)}) from {in_use} to {wanted}, the "
+        f"concurrency seen, or send at most {in_use} at once",
         saving=Saving(evidence.p50, evidence.p95, len(waits)),
     )
 
@@ -142,10 +135,10 @@ def pool_queue(calls: Sequence[Call]) -> Finding | None:
 def slow_dns(calls: Sequence[Call]) -> Finding | None:
     """Name resolution is slow."""
     attempts = _attempts(calls)
-    lookups = [d for a in attempts if (d := a.phase("dns")) is not None]
+    lookups = [d for a in attempts if (d := a.net("dns")) is not None]
     if not lookups or percentile(lookups, 50) < SLOW_DNS:
         return None
-    evidence = Evidence.of(
+    evidence = _evidence(
         semconv.PHASE_SPAN_NAMES[DNS], lookups, sum(lookups) / _total(attempts), len(attempts)
     )
     return Finding(
@@ -163,13 +156,13 @@ def slow_connect(calls: Sequence[Call]) -> Finding | None:
     """TCP and TLS handshakes are slow: the server is far, or its edge is busy."""
     attempts = _attempts(calls)
     handshakes = [
-        (a.phase("connect") or 0.0) + (a.phase("tls") or 0.0)
+        sum(a.net(name) or 0.0 for name in SETUP_PHASES if name != "dns")
         for a in attempts
         if a.phase("connect") is not None or a.phase("tls") is not None
     ]
     if not handshakes or percentile(handshakes, 50) < SLOW_CONNECT:
         return None
-    evidence = Evidence.of(
+    evidence = _evidence(
         "http.connect+tls", handshakes, sum(handshakes) / _total(attempts), len(attempts)
     )
     return Finding(
@@ -193,16 +186,14 @@ def server_time(calls: Sequence[Call]) -> Finding | None:
     if not attempts:
         return None
     server = [a.server_processing or 0.0 for a in attempts]
-    waits = [a.phase("wait") or 0.0 for a in attempts]
+    waits = [a.net("wait") or 0.0 for a in attempts]
     if percentile(server, 50) < SERVER_MIN_TIME:
         return None
     if sum(server) < SERVER_MIN_SHARE_OF_WAIT * sum(waits):
         return None
     if sum(waits) < WAIT_MIN_SHARE * _total(attempts):
         return None
-    evidence = Evidence.of(
-        "server processing", server, sum(server) / _total(attempts), len(attempts)
-    )
+    evidence = _evidence("server processing", server, sum(server) / _total(attempts), len(attempts))
     streamed = all(a.streamed for a in attempts)
     fix = "a faster model, a shorter prompt or a lower max_tokens shorten it"
     if not streamed:
@@ -221,12 +212,12 @@ def network_overhead(calls: Sequence[Call]) -> Finding | None:
     """Time to the first byte that the server's own time does not explain."""
     attempts = [a for a in _attempts(calls) if a.network_overhead is not None]
     overheads = [a.network_overhead or 0.0 for a in attempts]
-    waits = [a.phase("wait") or 0.0 for a in attempts]
+    waits = [a.net("wait") or 0.0 for a in attempts]
     if not attempts or percentile(overheads, 50) < OVERHEAD_MIN:
         return None
     if percentile(overheads, 50) < OVERHEAD_MIN_SHARE_OF_WAIT * percentile(waits, 50):
         return None
-    evidence = Evidence.of(
+    evidence = _evidence(
         "network overhead", overheads, sum(overheads) / _total(attempts), len(attempts)
     )
     return Finding(
@@ -240,61 +231,6 @@ def network_overhead(calls: Sequence[Call]) -> Finding | None:
     )
 
 
-def rate_limits(calls: Sequence[Call]) -> Finding | None:
-    """Many 429s or retries: time lost to failed attempts and backoffs."""
-    attempts = _attempts(calls)
-    if not attempts:
-        return None
-    limited = sum(1 for a in attempts if a.status == 429)
-    retried = sum(1 for a in attempts if a.resend_count > 0)
-    if limited < RATE_LIMITED_MIN_SHARE * len(attempts) and retried < RETRIED_MIN_SHARE * len(
-        attempts
-    ):
-        return None
-    # Per call that retried or was refused: its failed attempts' time and its backoffs.
-    affected = [
-        call
-        for call in calls
-        if len(call.attempts) > 1 or any(a.status == 429 for a in call.attempts)
-    ]
-    lost = [
-        sum(a.duration for a in call.attempts if not a.succeeded) + call.backoff_time
-        for call in affected
-    ]
-    if not lost:
-        return None
-    backoff = sum(call.backoff_time for call in calls)
-    whole = sum(call.duration for call in calls) or 1e-9  # backoffs included
-    evidence = Evidence.of(
-        "failed attempts + retry.backoff", lost, sum(lost) / whole, len(calls), unit="calls"
-    )
-    fix = (
-        "limit the request rate on the client side (a token bucket under the provider's "
-        "x-ratelimit-limit-requests) and honour retry-after (the SDKs do; a loop of one's own "
-        "can use llm_latency.retry)"
-    )
-    if not retried:
-        # Refused and not retried: those calls failed. What a limit saves is the failure
-        # itself, not the few ms a 429 takes.
-        return Finding(
-            rule="rate-limits",
-            cause=f"{limited} of {len(attempts)} attempts were rate limited (429) and none was "
-            "retried: those calls failed",
-            evidence=evidence,
-            fix=fix,
-            saving=None,
-        )
-    return Finding(
-        rule="rate-limits",
-        cause=f"{limited} of {len(attempts)} attempts were rate limited (429) and {retried} "
-        f"{'was a retry' if retried == 1 else 'were retries'}; {duration(backoff)} went to "
-        "retry.backoff",
-        evidence=evidence,
-        fix=fix,
-        saving=Saving(evidence.p50, evidence.p95, len(lost)),
-    )
-
-
 def not_streamed(calls: Sequence[Call]) -> Finding | None:
     """A long answer read in one piece: streaming would show its first token much sooner."""
     attempts = [a for a in _attempts(calls) if a.succeeded and not a.streamed]
@@ -303,7 +239,7 @@ def not_streamed(calls: Sequence[Call]) -> Finding | None:
         return None
     if sum(waits) < NOT_STREAMED_MIN_SHARE * _total(attempts):
         return None
-    evidence = Evidence.of(
+    evidence = _evidence(
         semconv.PHASE_SPAN_NAMES[WAIT], waits, sum(waits) / _total(_attempts(calls)), len(attempts)
     )
     streams = [
@@ -359,28 +295,64 @@ def stream_stall(calls: Sequence[Call]) -> Finding | None:
     )
 
 
+def _lag_by_phase(attempts: Sequence[Attempt]) -> str:
+    """Where the stall fell, when the phases say: ``most of it in connect and tls (280 ms of
+    their 300 ms per request: mostly this program's stall, not the network)``; empty when not
+    known."""
+    lagged: dict[str, list[float]] = {}  # phase -> [lag, duration, requests]
+    for attempt in attempts:
+        for phase in attempt.phases:
+            if phase.lag:
+                sums = lagged.setdefault(phase.name, [0.0, 0.0, 0.0])
+                sums[0] += phase.lag
+                sums[1] += phase.duration
+                sums[2] += 1
+    if not lagged:
+        return ""
+    every = sum(sums[0] for sums in lagged.values())
+    chosen: list[str] = []
+    for name in sorted(lagged, key=lambda n: -lagged[n][0]):  # the phases holding most of it
+        chosen.append(name)
+        if sum(lagged[n][0] for n in chosen) >= 0.5 * every:
+            break
+    lag = sum(lagged[n][0] / lagged[n][2] for n in chosen)
+    whole = sum(lagged[n][1] / lagged[n][2] for n in chosen)
+    their = "its" if len(chosen) == 1 else "their"
+    text = (
+        f"; most of it in {' and '.join(chosen)} ({duration(lag)} of {their} "
+        f"{duration(whole)} per request"
+    )
+    if lag >= MOSTLY_LAG * whole:
+        text += ": mostly this program's stall, not the network"
+    return text + ")"
+
+
 def event_loop_lag(calls: Sequence[Call]) -> Finding | None:
-    """The program's event loop was too busy to read responses that had arrived."""
+    """The program's event loop was too busy to run the requests' steps on time."""
     attempts = [a for a in _attempts(calls) if a.event_loop_lag is not None]
     lags = [a.event_loop_lag or 0.0 for a in attempts]
-    if not attempts or max(lags) < LAG_MIN:
+    # Only lags of LAG_MIN or more count: a busy machine deschedules the whole process for a
+    # few ms now and then, which is no stall of the program's own.
+    if sum(1 for lag in lags if lag >= LAG_MIN) < MIN_REQUESTS:
         return None
     share = sum(lags) / _total(attempts)
-    if percentile(lags, 50) < LAG_MIN and share < LAG_MIN_SHARE:
+    # Both: a stall of the program's own holds most requests back, and for a share of their
+    # time; a loaded machine's scattered descheduling rarely does both.
+    if percentile(lags, 50) < LAG_MIN or share < LAG_MIN_SHARE:
         return None
-    evidence = Evidence.of("event loop lag", lags, share, len(attempts))
+    evidence = _evidence("event loop lag", lags, share, len(attempts))
     servers = [a.server_processing for a in attempts if a.server_processing is not None]
     if servers:
         provider = f"the provider answered in {duration(percentile(servers, 50))} at p50"
     else:
-        waits = [max((a.phase("wait") or 0.0) - (a.event_loop_lag or 0.0), 0.0) for a in attempts]
+        waits = [a.net("wait") or 0.0 for a in attempts]
         provider = (
             f"the rest of the wait, {duration(percentile(waits, 50))} at p50, was the provider's"
         )
     return Finding(
         rule="event-loop-lag",
-        cause=f"the event loop was blocked for {duration(evidence.p50)} at p50 while responses "
-        f"waited to be read: {provider}; the rest is this program",
+        cause=f"the event loop was blocked for {duration(evidence.p50)} at p50 while requests "
+        f"were under way: {provider}; the rest is this program{_lag_by_phase(attempts)}",
         evidence=evidence,
         fix="move CPU-bound work off the event loop (asyncio.to_thread, a process pool), and "
         "keep each step between two awaits short",
@@ -388,15 +360,22 @@ def event_loop_lag(calls: Sequence[Call]) -> Finding | None:
     )
 
 
-#: Every rule, in the order findings of equal saving are listed.
+#: Every rule, failures first, in the order findings of equal rank are listed.
 RULES: Final[tuple[Rule, ...]] = (
+    failures.dns_failure,
+    failures.connect_failure,
+    failures.tls_failure,
+    failures.timeouts,
+    failures.connection_reset,
+    failures.server_errors,
+    failures.failed_requests,
+    failures.rate_limits,
     pool_queue,
     new_connections,
     slow_dns,
     slow_connect,
     event_loop_lag,
     network_overhead,
-    rate_limits,
     not_streamed,
     stream_stall,
     server_time,

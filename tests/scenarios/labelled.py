@@ -1,0 +1,269 @@
+"""The labelled set: one program per known cause, and what the diagnosis must say of it."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, asynccontextmanager
+
+from llm_latency.testing import LocalDNS, Profile, RunningServer, running
+from tests.scenarios.catalog import Program, Run, Scenario, but
+from tests.scenarios.peers import DistanceRelay, in_thread, pausing_stream
+from tests.scenarios.programs import (
+    STREAM,
+    StallingResolver,
+    aiohttp_requests,
+    httpx_requests,
+    requests_requests,
+)
+from tests.servers import llm_server, unused_port
+
+#: How long the program blocks its own loop in the loop scenarios (s).
+BLOCK = 0.4
+
+
+def trusting(server: RunningServer) -> ssl.SSLContext:
+    """A client context that trusts the mock server's CA."""
+    return ssl.create_default_context(cafile=str(server.ca_file))
+
+
+def mock(
+    profile: Profile, tls: bool = False, names: tuple[str, ...] = ("localhost", "127.0.0.1")
+) -> AbstractContextManager[RunningServer]:
+    """The product's mock server, on a loop of its own in a thread."""
+    return in_thread(lambda: running(profile, tls=tls, names=names))
+
+
+# -- healthy ---------------------------------------------------------------------------------
+
+
+async def healthy_fast(run: Run) -> None:
+    with mock(Profile(ttfb=0.02, tokens=5, tokens_per_second=500)) as server:
+        await aiohttp_requests(server.url(), 5, concurrent=False, body=STREAM)
+
+
+async def healthy_slow(run: Run) -> None:
+    """A provider that takes its time, streamed: 0.35 s to the first token, 0.5 s of tokens."""
+    with mock(Profile(ttfb=0.35, tokens=20, tokens_per_second=40)) as server:
+        await aiohttp_requests(server.url(), 3, concurrent=False, body=STREAM)
+
+
+# -- pools -----------------------------------------------------------------------------------
+
+
+async def pool_aiohttp(run: Run) -> None:
+    with mock(Profile(ttfb=0.1, tokens=1)) as server:
+        await aiohttp_requests(server.url(), 8, limit=2)
+
+
+async def pool_httpx(run: Run) -> None:
+    with mock(Profile(ttfb=0.1, tokens=1)) as server:
+        await httpx_requests(server.url(), 8, max_connections=2)
+
+
+async def pool_requests(run: Run) -> None:
+    with mock(Profile(ttfb=0.1, tokens=1)) as server:
+        await asyncio.to_thread(requests_requests, server.url(), 8, 2)
+
+
+async def new_connections(run: Run) -> None:
+    with mock(Profile(ttfb=0.01, tokens=1, tls_delay=0.03), tls=True) as server:
+        await aiohttp_requests(
+            server.url(), 5, concurrent=False, fresh=True, ssl_context=trusting(server)
+        )
+
+
+# -- the network -----------------------------------------------------------------------------
+
+
+async def slow_dns(run: Run) -> None:
+    import aiohttp
+
+    dns = LocalDNS({"*.test": "127.0.0.1"}, delay=0.08)
+    resolver = aiohttp.AsyncResolver(nameservers=[dns.nameserver])
+    try:
+        with mock(Profile(ttfb=0.02, tokens=1)) as server:
+            for name in ("a.llm.test", "b.llm.test", "c.llm.test"):  # c-ares caches answers
+                await aiohttp_requests(server.url(host=name), 1, resolver=resolver)
+    finally:
+        await resolver.close()
+        dns.stop()
+
+
+@asynccontextmanager
+async def far_away(server: RunningServer, one_way: float) -> AsyncIterator[str]:
+    async with DistanceRelay(server.port, one_way) as relay:
+        yield server.url().replace(f":{server.port}/", f":{relay.port}/")
+
+
+async def slow_tcp(run: Run) -> None:
+    """A server 60 ms away each way: the handshakes take two round trips, the wait one."""
+    with mock(Profile(ttfb=0.02, tokens=1), tls=True) as server:
+        context = trusting(server)
+        with in_thread(lambda: far_away(server, 0.06)) as url:
+            await aiohttp_requests(url, 3, ssl_context=context)
+
+
+async def slow_tls(run: Run) -> None:
+    with mock(Profile(ttfb=0.02, tokens=1, tls_delay=0.15), tls=True) as server:
+        await aiohttp_requests(server.url(), 3, ssl_context=trusting(server))
+
+
+async def slow_server(run: Run) -> None:
+    with mock(Profile(ttfb=1.0, tokens=5, tokens_per_second=100)) as server:
+        await aiohttp_requests(server.url(), 3, body=STREAM)
+
+
+# -- refusals and failures -------------------------------------------------------------------
+
+
+async def rate_limited_retried(run: Run) -> None:
+    with mock(Profile(ttfb=0.02, tokens=1, rate_limit_every=2, retry_after_ms=60)) as server:
+        await aiohttp_requests(server.url(), 4, concurrent=False, retry=True)
+
+
+async def rate_limited(run: Run) -> None:
+    with mock(Profile(ttfb=0.02, tokens=1, rate_limit_every=2)) as server:
+        await aiohttp_requests(server.url(), 6, concurrent=False)
+
+
+async def server_errors_retried(run: Run) -> None:
+    with in_thread(llm_server) as server:
+        for n in range(3):
+            url = server.url(scenario=f"e{n}", fail=1, fail_with=500, wait=0.02)
+            await aiohttp_requests(url, 1, retry=True)
+
+
+async def stream_stall(run: Run) -> None:
+    with in_thread(lambda: pausing_stream(1.1)) as url:
+        await aiohttp_requests(url, 2)
+
+
+async def certificate_error(run: Run) -> None:
+    with mock(Profile(ttfb=0.02, tokens=1), tls=True) as server:  # its CA is not trusted
+        await aiohttp_requests(server.url(), 3, concurrent=False)
+
+
+async def connection_refused(run: Run) -> None:
+    url = f"http://127.0.0.1:{unused_port()}/v1/chat/completions"
+    await aiohttp_requests(url, 3, concurrent=False)
+
+
+async def timeout(run: Run) -> None:
+    with mock(Profile(ttfb=1.5, tokens=1)) as server:
+        await aiohttp_requests(server.url(), 3, timeout=0.3)
+
+
+async def reset_mid_stream(run: Run) -> None:
+    with in_thread(llm_server) as server:
+        url = server.url(chunks=10, gap=0.01, sse=1, reset=5)
+        await aiohttp_requests(url, 3, concurrent=False)
+
+
+# -- the program's own loop ------------------------------------------------------------------
+
+
+async def loop_blocked_in_wait(run: Run) -> None:
+    with mock(Profile(ttfb=0.2, tokens=1)) as server:
+        await aiohttp_requests(server.url(), 6, during=lambda: run.stalls.later(0.05, BLOCK))
+
+
+def _blocked_while_connecting(where: str) -> Program:
+    async def program(run: Run) -> None:
+        with mock(Profile(ttfb=0.05, tokens=1)) as server:
+            resolver = StallingResolver(run.stalls, where, BLOCK)
+            await aiohttp_requests(server.url(host="llm.test"), 6, resolver=resolver)
+
+    return program
+
+
+async def loop_blocked_in_tls(run: Run) -> None:
+    """The server holds each ClientHello 30 ms; the loop blocks 10 ms in, mid-handshake."""
+    profile = Profile(ttfb=0.05, tokens=1, tls_delay=0.03)
+    with mock(profile, tls=True, names=("llm.test",)) as server:
+        resolver = StallingResolver(run.stalls, "none", 0.0)
+        await aiohttp_requests(
+            server.url(host="llm.test"), 3, ssl_context=trusting(server), resolver=resolver,
+            during=lambda: run.stalls.later(0.01, BLOCK),
+        )  # fmt: skip
+
+
+async def loop_blocked_in_queue(run: Run) -> None:
+    """Six requests through two connections; the loop blocks while four wait for one."""
+    with mock(Profile(ttfb=0.03, tokens=1)) as server:
+        await aiohttp_requests(
+            server.url(), 6, limit=2, during=lambda: run.stalls.later(0.01, BLOCK)
+        )
+
+
+# -- two endpoints ---------------------------------------------------------------------------
+
+
+async def compare_server_time(run: Run) -> None:
+    with mock(Profile(ttfb=0.15, tokens=1)) as one, mock(Profile(ttfb=0.45, tokens=1)) as two:
+        run.endpoints.update(E1=one.port, E2=two.port)
+        for server in (one, two):
+            await aiohttp_requests(server.url(), 4, concurrent=False)
+
+
+async def compare_setup(run: Run) -> None:
+    fast, slow = Profile(ttfb=0.05, tokens=1), Profile(ttfb=0.05, tokens=1, tls_delay=0.2)
+    with mock(fast, tls=True) as one, mock(slow, tls=True) as two:
+        run.endpoints.update(E1=one.port, E2=two.port)
+        for server in (one, two):
+            await aiohttp_requests(
+                server.url(), 4, concurrent=False, fresh=True, ssl_context=trusting(server)
+            )
+
+
+NETWORK = ("slow-dns", "slow-connect", "new-connections", "server-time", "network-overhead")
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("healthy-fast", "a fast provider", None, but(), healthy_fast),
+    Scenario("healthy-slow", "a slow but healthy provider", None, but(), healthy_slow),
+    Scenario("pool-aiohttp", "aiohttp pool of 2, 8 at once", "pool-queue",
+             but("pool-queue"), pool_aiohttp, fix_mentions="TCPConnector(limit="),
+    Scenario("pool-httpx", "httpx pool of 2, 8 at once", "pool-queue",
+             but("pool-queue"), pool_httpx, fix_mentions="Limits(max_connections="),
+    Scenario("pool-requests", "requests pool of 2, 8 at once", "pool-queue",
+             but("pool-queue"), pool_requests, fix_mentions="pool_maxsize="),
+    Scenario("slow-dns", "DNS answers in 80 ms", "slow-dns", but("slow-dns"), slow_dns),
+    Scenario("slow-tcp", "a server 60 ms away", "slow-connect",
+             but("slow-connect", "network-overhead"), slow_tcp),
+    Scenario("slow-tls", "TLS handshake 150 ms", "slow-connect", but("slow-connect"), slow_tls),
+    Scenario("slow-server", "1 s of server time", "server-time", but("server-time"), slow_server),
+    Scenario("rate-limited-retried", "every 2nd request 429, retried", "rate-limits",
+             but("rate-limits"), rate_limited_retried),
+    Scenario("rate-limited", "every 2nd request 429, not retried", "rate-limits",
+             but("rate-limits"), rate_limited),
+    Scenario("5xx-retried", "a 500 per call, retried", "server-errors",
+             but("server-errors"), server_errors_retried),
+    Scenario("stream-stall", "1.1 s pause mid-stream", "stream-stall",
+             but("stream-stall"), stream_stall),
+    Scenario("certificate-error", "the CA is not trusted", "tls-failure",
+             but("tls-failure"), certificate_error),
+    Scenario("connection-refused", "nothing listens", "connect-failure",
+             but("connect-failure"), connection_refused),
+    Scenario("timeout", "1.5 s answers, 0.3 s timeout", "timeouts", but("timeouts"), timeout),
+    Scenario("reset-mid-stream", "connection cut after 5 chunks", "connection-reset",
+             but("connection-reset"), reset_mid_stream),
+    Scenario("new-connections", "a new session per request", "new-connections",
+             but("new-connections"), new_connections),
+    Scenario("loop-blocked-wait", "loop blocked 0.4 s in wait", "event-loop-lag",
+             frozenset(NETWORK), loop_blocked_in_wait),
+    Scenario("loop-blocked-dns", "loop blocked 0.4 s in dns", "event-loop-lag",
+             frozenset(NETWORK), _blocked_while_connecting("dns"),
+             needs_phase_lag=True),
+    Scenario("loop-blocked-connect", "loop blocked 0.4 s in connect", "event-loop-lag",
+             frozenset(NETWORK), _blocked_while_connecting("connect"),
+             needs_phase_lag=True),
+    Scenario("loop-blocked-tls", "loop blocked 0.4 s in tls", "event-loop-lag",
+             frozenset(NETWORK), loop_blocked_in_tls, needs_phase_lag=True),
+    Scenario("loop-blocked-queue", "loop blocked 0.4 s in queue", "event-loop-lag",
+             frozenset(NETWORK), loop_blocked_in_queue, needs_phase_lag=True),
+    Scenario("compare-server-time", "E2's server 300 ms slower", "gap: wait",
+             but("gap: wait"), compare_server_time),
+    Scenario("compare-setup", "E2's TLS 200 ms slower, new connections", "gap: tls",
+             but("gap: tls"), compare_setup),
+)  # fmt: skip
