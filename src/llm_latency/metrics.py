@@ -219,8 +219,12 @@ class AttemptMetrics:
                 ((semconv.SERVER_ADDRESS, host), (semconv.CONNECTION_REUSED, timeline.reused))
             )
         found = facts.headers
-        for header, kind in headers.RATELIMIT_REMAINING_HEADERS.items():
-            remaining = headers.parse_number(headers.first(found, header))
+        if not found:
+            return
+        # In the order of the provider profiles, without a call per header that is absent.
+        for header in [h for h in headers.RATELIMIT_REMAINING_HEADERS if h in found]:
+            kind = headers.RATELIMIT_REMAINING_HEADERS[header]
+            remaining = headers.parse_number(found[header][0])
             if remaining is not None:
                 reset_header = headers.RATELIMIT_RESET_HEADERS[header]
                 reset = None if reset_header is None else headers.first(found, reset_header)
