@@ -16,7 +16,7 @@ import pytest
 import requests
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.trace import INVALID_SPAN
 
 import llm_latency
@@ -150,6 +150,7 @@ def test_the_lag_histogram_counts_the_attempts_that_lagged(
         assert points == []
         return
     (point,) = points
+    assert isinstance(point, HistogramDataPoint)
     assert point.count == len(recorded)
     assert point.sum == pytest.approx(sum(recorded))
 
