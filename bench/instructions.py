@@ -274,7 +274,7 @@ def measure(
     server = subprocess.Popen([sys.executable, str(Path(__file__).parent / "overhead.py"),
                                "--serve", str(port_file)])  # fmt: skip
     try:
-        for _ in range(200):
+        for _ in range(600):  # 30 s: a loaded machine starts an interpreter slowly
             if port_file.exists() and port_file.read_text():
                 break
             time.sleep(0.05)

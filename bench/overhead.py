@@ -266,7 +266,7 @@ def main() -> None:
     port_file = Path(f"/tmp/llm-latency-bench-{os.getpid()}.port")
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
     try:
-        for _ in range(100):
+        for _ in range(600):  # 30 s: a loaded machine starts an interpreter slowly
             if port_file.exists() and port_file.read_text():
                 break
             time.sleep(0.05)
@@ -294,9 +294,10 @@ def report(
 ) -> None:
     medians: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for (client, workload, mode), runs in samples.items():
-        medians.setdefault(client, {}).setdefault(workload, {})[mode] = {
-            key: statistics.median(run[key] for run in runs) for key in runs[0]
-        }
+        cell = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        # The rounds' spread, for the JSON (how far a median can be trusted).
+        cell.update({f"{key}_rounds": [run[key] for run in runs] for key in runs[0]})  # type: ignore[misc]
+        medians.setdefault(client, {}).setdefault(workload, {})[mode] = cell
     print(
         "| client | workload | mode | CPU µs/request | added CPU µs | added user µs "
         "| added system µs | wall µs/request | added wall µs |"
