@@ -27,7 +27,7 @@ per second of in-flight time:
 - the periodic metric export (every subject but bare; the SDK's default interval is 60 s): one
   collection and export to a dropping exporter, in a window of its own.
 
-    python bench/instructions.py                          # every client (about 10 minutes)
+    python bench/instructions.py                          # every client (10 min on 2 idle cores)
     python bench/instructions.py --clients aiohttp --workloads json
     python bench/instructions.py --runs 3                 # three runs, and how far apart
 """
