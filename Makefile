@@ -91,8 +91,16 @@ e2e: $(VENV)/.test-installed
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/llm-latency demo
 
+# make bench: the two measures of what llm-latency costs per request, side by side (docs/overhead.md):
+# CPU time (bench/overhead.py, 5 rounds, alternating, medians) and instructions counted by
+# valgrind's callgrind (bench/instructions.py; valgrind is a bench tool, not a test dependency).
+BENCH_OUT := $(VENV)/bench
+
 bench: $(VENV)/.test-installed
-	$(PY) bench/overhead.py
+	@command -v valgrind >/dev/null || { echo "make bench needs valgrind (callgrind) for bench/instructions.py: apt-get install -y valgrind" >&2; exit 1; }
+	mkdir -p $(BENCH_OUT)
+	$(PY) bench/overhead.py --json $(BENCH_OUT)/cpu.json
+	$(PY) bench/instructions.py --json $(BENCH_OUT)/instructions.json --cpu $(BENCH_OUT)/cpu.json
 
 clean:
 	rm -rf $(VENV) .venv-oldest .mypy_cache .ruff_cache .pytest_cache dist site

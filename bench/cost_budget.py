@@ -1,6 +1,6 @@
 """Where llm-latency's CPU per request goes: a cost budget, by part, for each client and workload.
 
-For each client and workload (the JSON completion and the 100-event stream of
+For each client and workload (the JSON completion and the 50-event stream of
 ``bench/overhead.py``, against its loopback server in its own process):
 
 1. the added CPU per request, measured side by side without a profiler: the bare client and
@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead
 
 Key = tuple[str, int, str]  # (file, line, function), as pstats names a function
-PROFILED_REQUESTS = {"json": 1500, "stream100": 300}
+PROFILED_REQUESTS = {"json": 1500, "stream50": 300}
 
 SRC = f"{os.sep}llm_latency{os.sep}"
 OTEL = f"{os.sep}opentelemetry{os.sep}"

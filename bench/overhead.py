@@ -21,18 +21,19 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 CLIENTS = ("aiohttp", "httpx", "httpx2", "requests")
 MODES = ("bare", "otel-contrib", "llm-latency", "llm-latency-no-phase-spans")
-WORKLOADS = {"json": {"requests": 400, "warmup": 50}, "stream100": {"requests": 80, "warmup": 10}}
-EVENTS = 100
+WORKLOADS = {"json": {"requests": 400, "warmup": 50}, "stream50": {"requests": 120, "warmup": 10}}
+EVENTS = 50
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -76,7 +77,8 @@ def serve(port_file: str) -> None:
 # -- a worker: one mode, one workload, in a fresh interpreter ----------------------------------
 
 
-def _instrument(client: str, mode: str) -> None:
+def _instrument(client: str, mode: str) -> Callable[[], object]:
+    """Instrument for ``mode``; returns the flush of the spans."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
         MetricExporter,
@@ -117,7 +119,7 @@ def _instrument(client: str, mode: str) -> None:
         else:
             from opentelemetry.instrumentation.requests import RequestsInstrumentor as I  # type: ignore[assignment]
         I().instrument(**providers)
-        return
+        return tracer_provider.force_flush
     import llm_latency
 
     llm_latency.instrument(
@@ -126,15 +128,29 @@ def _instrument(client: str, mode: str) -> None:
         phase_spans=mode == "llm-latency",
         configure=False,
     )
+    return tracer_provider.force_flush
+
+
+def _cpu() -> tuple[float, float, float]:
+    """User and system CPU time of the process (every thread, to the microsecond: ``os.times``
+    counts in clock ticks of 10 ms), and the wall clock."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, time.perf_counter()
+
+
+def payload_and_url(workload: str, port: int) -> tuple[dict[str, Any], str]:
+    """The request body and URL of a workload on the server of :func:`serve`."""
+    stream = workload.startswith("stream")
+    url = f"http://127.0.0.1:{port}/v1/chat/completions" + ("?stream=1" if stream else "")
+    return {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}, url
 
 
 def work(client: str, mode: str, workload: str, port: int) -> dict[str, Any]:
-    if mode != "bare":
-        _instrument(client, mode)
+    # The spans' export (the span processor's thread) is counted in the window that made them.
+    flush = _instrument(client, mode) if mode != "bare" else None
     spec = WORKLOADS[workload]
     stream = workload.startswith("stream")
-    url = f"http://127.0.0.1:{port}/v1/chat/completions" + ("?stream=1" if stream else "")
-    payload = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}
+    payload, url = payload_and_url(workload, port)
     chunks = 0
 
     if client == "requests":
@@ -154,13 +170,15 @@ def work(client: str, mode: str, workload: str, port: int) -> dict[str, Any]:
         for _ in range(spec["warmup"]):
             one_sync()
         chunks = 0
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        start = _cpu()
         for _ in range(spec["requests"]):
             one_sync()
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        if flush:
+            flush()
+        end = _cpu()
     else:
 
-        async def main() -> tuple[float, float]:
+        async def main() -> tuple[tuple[float, float, float], tuple[float, float, float]]:
             nonlocal chunks
             if client == "aiohttp":
                 import aiohttp
@@ -188,16 +206,25 @@ def work(client: str, mode: str, workload: str, port: int) -> dict[str, Any]:
             for _ in range(spec["warmup"]):
                 await one()
             chunks = 0
-            cpu0, wall0 = time.process_time(), time.perf_counter()
+            start = _cpu()
             for _ in range(spec["requests"]):
                 await one()
-            result = time.process_time() - cpu0, time.perf_counter() - wall0
+            if flush:
+                flush()
+            result = start, _cpu()
             await (session.close() if client == "aiohttp" else session.aclose())
             return result
 
-        cpu, wall = asyncio.run(main())
+        start, end = asyncio.run(main())
     n = spec["requests"]
-    return {"cpu_us": cpu / n * 1e6, "wall_us": wall / n * 1e6, "chunks": chunks / n}
+    user, system, wall = (b - a for a, b in zip(start, end, strict=True))
+    return {
+        "cpu_us": (user + system) / n * 1e6,
+        "user_us": user / n * 1e6,
+        "system_us": system / n * 1e6,
+        "wall_us": wall / n * 1e6,
+        "chunks": chunks / n,
+    }
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -239,7 +266,7 @@ def main() -> None:
     port_file = Path(f"/tmp/llm-latency-bench-{os.getpid()}.port")
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
     try:
-        for _ in range(100):
+        for _ in range(600):  # 30 s: a loaded machine starts an interpreter slowly
             if port_file.exists() and port_file.read_text():
                 break
             time.sleep(0.05)
@@ -267,13 +294,15 @@ def report(
 ) -> None:
     medians: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for (client, workload, mode), runs in samples.items():
-        medians.setdefault(client, {}).setdefault(workload, {})[mode] = {
-            key: statistics.median(run[key] for run in runs) for key in runs[0]
-        }
+        cell = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        # The rounds' spread, for the JSON (how far a median can be trusted).
+        cell.update({f"{key}_rounds": [run[key] for run in runs] for key in runs[0]})  # type: ignore[misc]
+        medians.setdefault(client, {}).setdefault(workload, {})[mode] = cell
     print(
-        "| client | workload | mode | CPU µs/request | added CPU µs | wall µs/request | added wall µs |"
+        "| client | workload | mode | CPU µs/request | added CPU µs | added user µs "
+        "| added system µs | wall µs/request | added wall µs |"
     )
-    print("|---|---|---|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for client, workloads in medians.items():
         for workload, modes in workloads.items():
             bare = modes["bare"]
@@ -281,8 +310,10 @@ def report(
                 m = modes[mode]
                 print(
                     f"| {client} | {workload} | {mode} | {m['cpu_us']:.1f} | "
-                    f"{m['cpu_us'] - bare['cpu_us']:+.1f} | {m['wall_us']:.1f} | "
-                    f"{m['wall_us'] - bare['wall_us']:+.1f} |"
+                    f"{m['cpu_us'] - bare['cpu_us']:+.1f} | "
+                    f"{m.get('user_us', 0) - bare.get('user_us', 0):+.1f} | "
+                    f"{m.get('system_us', 0) - bare.get('system_us', 0):+.1f} | "
+                    f"{m['wall_us']:.1f} | {m['wall_us'] - bare['wall_us']:+.1f} |"
                 )
     print()
     print("Added CPU relative to the official instrumentation's (1.00 = the same cost):")

@@ -215,7 +215,8 @@ async def test_metrics_per_phase(telemetry: Telemetry, server: LLMServer) -> Non
         p.attributes["llm_latency.phase"]: p.count
         for p in telemetry.metric_points("llm_latency.phase.duration")
     }
-    assert counts == {"connect": 1, "send": 3, "wait": 3, "receive": 3}
+    # One new connection; send, wait and receive are on the spans only (test_phase_metrics.py).
+    assert counts == {"connect": 1}
     (duration,) = telemetry.metric_points("http.client.request.duration")
     assert duration.count == 3
     assert max(duration.explicit_bounds) >= 120

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from llm_latency.metrics import SETUP_PHASES
 from llm_latency.semconv import DURATION_BUCKETS
 from llm_latency.timeline import PHASE_NAMES
 from tests.deploy_workload import (
@@ -238,6 +239,12 @@ CONTRACT_METRICS = {
     for suffix in ("bucket", "sum", "count")
 } | set(CONTRACT_SERIES)
 
+#: The histogram the Collector's span metrics connector computes from every span (in ms, named
+#: by its namespace): where the phases the program does not record (send, wait, receive) live.
+SPAN_METRICS = {
+    f"traces_span_metrics_duration_milliseconds_{suffix}" for suffix in ("bucket", "sum", "count")
+}
+
 #: The metrics with semantic-convention names, which other instrumentations (and the bundle's own
 #: components) may record too.
 SEMANTIC_CONVENTION_METRICS = (
@@ -274,8 +281,31 @@ def test_the_queries_select_only_metrics_of_the_contract() -> None:
     """A misspelt name returns no data and raises no error: every metric a query selects is one
     the program exports."""
     for query in all_queries():
-        unknown = selected_metrics(query) - CONTRACT_METRICS
+        unknown = selected_metrics(query) - CONTRACT_METRICS - SPAN_METRICS
         assert not unknown, (query.where, sorted(unknown))
+
+
+def test_the_phases_the_program_does_not_record_are_read_from_span_metrics() -> None:
+    """llm_latency_phase_duration_seconds has only the connection set-up's phases (queue, dns,
+    connect, tls; DESIGN.md, "Metrics"): a query of it names those phases, and send, wait and
+    receive are read from the span metrics of the http.* phase spans."""
+    recorded = {PHASE_NAMES[phase] for phase in SETUP_PHASES}
+    from_spans = 0
+    for query in all_queries():
+        names = selected_metrics(query)
+        if any(name.startswith("llm_latency_phase_duration_seconds_") for name in names):
+            phases = re.findall(r'llm_latency_phase(?:=~|=)"([^"]*)"', query.expr)
+            assert phases, (query.where, "every phase of the histogram, but it has only some")
+            for phase in phases:
+                assert set(phase.split("|")) <= recorded, (query.where, phase)
+        if names & SPAN_METRICS:
+            from_spans += 1
+            spans = re.findall(r'span_name(?:=~|=)"([^"]*)"', query.expr)
+            assert spans, (query.where, "span metrics of every span, not the phases'")
+            for span in spans:
+                named = set(span.removeprefix("http.").strip("()").split("|"))
+                assert span.startswith("http.") and named <= {*PHASE_NAMES, "proxy"}, span
+    assert from_spans >= 5  # the phase panels, wait vs processing, the link, LLMWaitP95High
 
 
 def test_the_queries_select_only_phases_of_the_program() -> None:
@@ -389,7 +419,7 @@ def test_dashboard_has_the_panels_of_the_issue() -> None:
             assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     (overhead,) = [p for p in dashboard_panels(dashboard) if p["title"].startswith("Wait vs")]
     wait, processing, difference, lag = (t["expr"] for t in overhead["targets"])
-    assert "_sum" in wait and "_count" in wait and 'llm_latency_phase="wait"' in wait
+    assert "_sum" in wait and "_count" in wait and 'span_name="http.wait"' in wait
     assert "llm_latency_server_processing_time_seconds_sum" in processing
     assert difference == f"({wait}) - ({processing})"
     assert "llm_latency_event_loop_lag_seconds_sum" in lag and "_count" in lag

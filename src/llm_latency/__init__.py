@@ -7,6 +7,7 @@ or serverless handler that freezes between invocations.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
@@ -14,6 +15,7 @@ from opentelemetry.trace import TracerProvider
 from llm_latency.diagnosis import Finding, diagnose
 from llm_latency.instrumentor import LLMLatencyInstrumentor
 from llm_latency.lifecycle import flush, use_providers
+from llm_latency.metrics import PHASE_METRICS
 from llm_latency.retry import retry
 from llm_latency.setup import configure_if_unset
 from llm_latency.version import __version__
@@ -38,6 +40,7 @@ def instrument(
     capture_response_headers: Iterable[str] = (),
     phase_spans: bool = True,
     phase_span_fast_path: bool = True,
+    phase_metrics: Literal["setup", "all"] = "setup",
     configure: bool = True,
     time_per_output_chunk: bool = False,
 ) -> None:
@@ -57,6 +60,11 @@ def instrument(
             in ``on_end`` only, and the sampler and span limits are not asked (a sampled
             request span is what a ParentBased sampler follows). False sends every phase span
             through the public API, for processors that need ``on_start``.
+        phase_metrics: the phases ``llm_latency.phase.duration`` records in-process.
+            ``"setup"``: queue (when the attempt waited), dns, connect and tls, whose presence
+            is itself the news; send, wait and receive are on the phase spans, and the
+            Collector's span metrics give their distributions. ``"all"``: every phase, for a
+            program that exports no spans. Anything else raises ``ValueError``.
         configure: if, at the first instrumented request, the program has set up neither a
             tracer provider nor a meter provider (and passed none here), set up the
             OpenTelemetry SDK from the ``OTEL_*`` variables (exporters by name, default OTLP
@@ -67,6 +75,8 @@ def instrument(
 
     Calling it again while instrumented does nothing.
     """
+    if phase_metrics not in PHASE_METRICS:
+        raise ValueError(f"phase_metrics={phase_metrics!r}: one of {', '.join(PHASE_METRICS)}")
     instrumentor = LLMLatencyInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
         return
@@ -80,6 +90,7 @@ def instrument(
         phase_spans=phase_spans,
         phase_span_fast_path=phase_span_fast_path,
         time_per_output_chunk=time_per_output_chunk,
+        phase_metrics=phase_metrics,
         before_first_request=configure_if_unset if configure_later else None,
     )
 

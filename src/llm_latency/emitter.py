@@ -63,6 +63,7 @@ class Emitter:
         capture_headers: tuple[str, ...],
         phase_spans: bool = True,
         phase_span_fast_path: bool = True,
+        phase_metrics: str = "setup",
         before_first_request: Callable[[], None] | None = None,
         time_per_output_chunk: bool = False,
     ) -> None:
@@ -73,7 +74,7 @@ class Emitter:
         self.captured_headers = frozenset(capture_headers)
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
         self._failure_logged = False
-        self.metrics = AttemptMetrics(meter)
+        self.metrics = AttemptMetrics(meter, phase_metrics)
         self._fast_path = phase_span_fast_path
         self._phase_writer = PhaseSpanWriter(tracer, fast_path=phase_span_fast_path)
         self._tracers = TracerHandle(
@@ -294,6 +295,7 @@ class Emitter:
         self, timeline: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None
     ) -> None:
         record = self.metrics.phase
+        recorded = self.metrics.phases_recorded
         writer = self._phase_writer
         emit_spans = self.phase_spans and span.is_recording()
         fast_parent = writer.fast_path(span) if emit_spans else None
@@ -304,7 +306,8 @@ class Emitter:
                 continue
             start, end = bounds
             attributes = writer.attributes(phase, host)
-            record(attributes, (end - start) / 1e9, ctx)
+            if phase in recorded:
+                record(attributes, (end - start) / 1e9, ctx)
             if not emit_spans:
                 continue
             if fast_parent is not None and phase != failed:

@@ -113,5 +113,7 @@ def read_facts(
         stream_chunk_rate=chunk_rate,
         retry_after=headers.retry_after(
             headers.first(found, "retry-after-ms"), headers.first(found, "retry-after")
-        ),
+        )
+        if "retry-after-ms" in found or "retry-after" in found
+        else None,
     )

@@ -163,10 +163,13 @@ def parse_number(value: str | None) -> float | None:
 def server_time(found: Mapping[str, list[str]]) -> float | None:
     """Seconds the provider says it spent on the request, from the first server-time header
     of the provider profiles present in ``found``; None when none is there or readable."""
+    if not found:
+        return None
     for name, kind in providers.SERVER_TIME_HEADERS:
-        value = first(found, name)
-        if value is None:
+        values = found.get(name)
+        if not values:
             continue
+        value = values[0]
         if kind == providers.SERVER_TIMING:
             durations = [float(d) for d in _SERVER_TIMING_DUR.findall(value)]
             number = max(durations) if durations else None

@@ -222,7 +222,8 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Phase-level tracing and metrics for the HTTP clients LLM SDKs use.
 
     ``instrument(tracer_provider=None, meter_provider=None, clients=None,
-    capture_response_headers=(), phase_spans=True, phase_span_fast_path=True)``; registered
+    capture_response_headers=(), phase_spans=True, phase_span_fast_path=True,
+    phase_metrics="setup")``; registered
     under the ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
     """
 
@@ -272,6 +273,7 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             capture_headers=resolve_capture_list(kwargs.get("capture_response_headers") or ()),
             phase_spans=bool(kwargs.get("phase_spans", True)),
             phase_span_fast_path=bool(kwargs.get("phase_span_fast_path", True)),
+            phase_metrics=str(kwargs.get("phase_metrics", "setup")),
             before_first_request=before_first_request,
             time_per_output_chunk=bool(kwargs.get("time_per_output_chunk", False)),
         )

@@ -13,19 +13,34 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llm_latency import headers, semconv
 from llm_latency.attempt_record import AttemptRecord
+from llm_latency.event_loop import LATE_NS
 from llm_latency.facts import AttemptFacts
+from llm_latency.timeline import CONNECT, DNS, PHASE_NAMES, PROXY, QUEUE, TLS
 
 Attributes = tuple[tuple[str, Any], ...]
 
 #: An empty context: records made in it carry no trace exemplar.
 _NO_TRACE = Context()
+
+#: The phases ``llm_latency.phase.duration`` records by default (``phase_metrics="setup"``): those
+#: whose presence is itself the news (the attempt waited for a connection, or set one up, a
+#: proxy's tunnel included). The others (send, wait, receive) are on the phase spans, whose
+#: distributions the Collector's span metrics compute; ``queue`` exists only when the attempt
+#: waited.
+SETUP_PHASES: Final = frozenset({QUEUE, DNS, CONNECT, PROXY, TLS})
+#: ``instrument(phase_metrics=...)``: the phases recorded in-process for each choice.
+PHASE_METRICS: Final = {"setup": SETUP_PHASES, "all": frozenset(range(len(PHASE_NAMES)))}
+#: ``llm_latency.event_loop.lag`` is recorded for an attempt whose lag reached this (s): the
+#: monitor's own threshold, below which a late tick is the loop's ordinary jitter. The count of
+#: the histogram, over the request count, is the share of attempts that lagged.
+LAG_RECORDED_FROM: Final = LATE_NS / 1e9
 
 #: Seconds a rate-limit remaining value is reported at most after the response that gave it.
 RATELIMIT_MAX_AGE = 300.0
@@ -95,9 +110,16 @@ class _FreshValues(_Tallies):
 
 
 class AttemptMetrics:
-    """Creates the instruments on a meter and records finished attempts into them."""
+    """Creates the instruments on a meter and records finished attempts into them.
+    ``phase_metrics``: a key of :data:`PHASE_METRICS`, the phases recorded."""
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter, phase_metrics: str = "setup") -> None:
+        if phase_metrics not in PHASE_METRICS:
+            raise ValueError(
+                f"phase_metrics={phase_metrics!r}: one of {', '.join(map(repr, PHASE_METRICS))}"
+            )
+        #: The phases (``timeline`` indexes) whose durations are recorded.
+        self.phases_recorded = PHASE_METRICS[phase_metrics]
         self.request_duration = meter.create_histogram(
             semconv.HTTP_CLIENT_REQUEST_DURATION,
             unit="s",
@@ -107,7 +129,8 @@ class AttemptMetrics:
         self.phase_duration = meter.create_histogram(
             semconv.PHASE_DURATION,
             unit="s",
-            description="Time an HTTP attempt spent in each phase.",
+            description="Time an HTTP attempt spent waiting for a connection or setting one up "
+            "(queue, dns, connect, tls), or in any phase with phase_metrics='all'.",
             explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
         self.server_processing = meter.create_histogram(
@@ -132,8 +155,8 @@ class AttemptMetrics:
         self.event_loop_lag = meter.create_histogram(
             semconv.EVENT_LOOP_LAG,
             unit="s",
-            description="Time the program's event loop was busy during an attempt's wait and "
-            "receive phases (asyncio clients): the program's share of that time, not the "
+            description="Time the program's event loop was busy during an attempt (asyncio "
+            "clients), for the attempts that lagged: the program's share of that time, not the "
             "provider's.",
             explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
@@ -168,7 +191,8 @@ class AttemptMetrics:
 
     def phase(self, attributes: Mapping[str, Any], seconds: float, context: Context) -> None:
         """Record the time one attempt spent in a phase (``attributes``: the phase and host,
-        shared with the phase's span, see ``PhaseSpanWriter.attributes``)."""
+        shared with the phase's span, see ``PhaseSpanWriter.attributes``). The caller records
+        only the phases of :attr:`phases_recorded`."""
         self.phase_duration.record(seconds, attributes, context)
 
     def record(self, attempt: AttemptRecord, facts: AttemptFacts, context: Context) -> None:
@@ -202,9 +226,10 @@ class AttemptMetrics:
                 record_gap = self.time_per_output_chunk.record
                 for gap in gaps:
                     record_gap(gap / 1e9, by_host, _NO_TRACE)
-        if facts.event_loop_lag is not None:
+        lag = facts.event_loop_lag
+        if lag is not None and lag >= LAG_RECORDED_FROM:
             by_host = by_host or {semconv.SERVER_ADDRESS: host}
-            self.event_loop_lag.record(facts.event_loop_lag, by_host, context)
+            self.event_loop_lag.record(lag, by_host, context)
         if status == 429:
             self.rate_limited.add(((semconv.SERVER_ADDRESS, host),))
         if timeline.reused is not None:
@@ -212,8 +237,12 @@ class AttemptMetrics:
                 ((semconv.SERVER_ADDRESS, host), (semconv.CONNECTION_REUSED, timeline.reused))
             )
         found = facts.headers
-        for header, kind in headers.RATELIMIT_REMAINING_HEADERS.items():
-            remaining = headers.parse_number(headers.first(found, header))
+        if not found:
+            return
+        # In the order of the provider profiles, without a call per header that is absent.
+        for header in [h for h in headers.RATELIMIT_REMAINING_HEADERS if h in found]:
+            kind = headers.RATELIMIT_REMAINING_HEADERS[header]
+            remaining = headers.parse_number(found[header][0])
             if remaining is not None:
                 reset_header = headers.RATELIMIT_RESET_HEADERS[header]
                 reset = None if reset_header is None else headers.first(found, reset_header)
