@@ -1,22 +1,32 @@
 """Event-loop lag: how long an asyncio loop, busy with other work, delayed what an attempt
-waited for, so that a program's own stall is not blamed on the provider.
+waited for, so that a program's own stall is not blamed on the provider or the network.
 
 A response that arrived on time waits in the socket buffer while the loop runs other code (CPU
 work between awaits, parsing other responses); the attempt's ``http.wait`` or ``http.receive``
-then grows by that time. One :class:`LoopLagMonitor` per running loop measures it the cheap way:
-while at least one attempt is in flight on the loop, a timer is due every ``INTERVAL_NS``; when
-it runs late, the loop was busy from the moment it was due until it ran. Each time the loop
-runs, it polls its sockets first, so a phase that ended right after a busy stretch was delayed
-by at most that stretch: that is the lag charged to the phase.
+then grows by that time. The same holds in every phase an asyncio attempt waits through: a DNS
+answer, a TCP connect, a TLS handshake message or a pooled connection given back while the loop
+is busy is seen only when the loop runs again, and that phase (the one that was in progress, so
+the one whose end the stall delayed) grows by it. One :class:`LoopLagMonitor` per running loop
+measures it the cheap way: while at least one attempt is in flight on the loop, a timer is due
+every ``INTERVAL_NS``; when it runs late, the loop was busy from the moment it was due until it
+ran. Each time the loop runs, it polls its sockets first, so a phase that ended right after a
+busy stretch was delayed by at most that stretch: that is the lag charged to the phase.
+
+Phase boundaries are taken by code running on the loop, so none falls inside a stall: a stall
+that starts in one phase delays that phase's end, and the next phase starts after it. The
+charge of a phase is clipped to the phase, so the charges of an attempt's phases never overlap
+and their sum, the attempt's lag, is at most the attempt's duration.
 
 What it can say, and what it cannot:
 
 - A busy stretch is seen from the first tick it delays: its first part, up to one interval
   (10 ms), is not counted.
-- When the response arrived in the middle of the busy stretch, the stretch's part before the
-  arrival counts too (the arrival time cannot be known from user space): the lag is an upper
-  bound of the delay, and ``wait - lag`` a lower bound of the provider's and the network's
-  share, off by at most that one stretch.
+- When what the phase waited for arrived in the middle of the busy stretch, the stretch's part
+  before the arrival counts too (the arrival time cannot be known from user space): the lag is
+  an upper bound of the delay, and ``phase - lag`` a lower bound of the provider's and the
+  network's share, off by at most that one stretch.
+- A stall that ended before what the phase waited for arrived did not delay it: a phase that
+  ends later than ``SETTLE_NS`` after the loop was free again is charged nothing for it.
 - Sync clients (requests, sync httpx) in threads have no loop to watch: a thread that waits for
   the GIL held by other threads is delayed the same way, and that is not measured.
 """
@@ -92,6 +102,8 @@ class LoopLagMonitor:
         now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
         pending = (self._due_ns, now) if late else None
+        if pending is None and not self.busy:
+            return [0] * len(windows)  # the loop was never busy: the usual case, kept cheap
         delays = []
         for window in windows:
             delay = 0
