@@ -12,6 +12,7 @@ from typing import Final
 from llm_latency import semconv
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
 from llm_latency.diagnosis.records import Attempt, Call
+from llm_latency.diagnosis.stream_limit import http2_stream_limit
 from llm_latency.timeline import DNS, QUEUE, WAIT
 
 #: new-connections: a connection set-up (DNS + TCP + TLS) that costs at least this (s) at p50...
@@ -120,7 +121,8 @@ def new_connections(calls: Sequence[Call]) -> Finding | None:
 def pool_queue(calls: Sequence[Call]) -> Finding | None:
     """Requests waited for a free connection in the client's pool."""
     attempts = _attempts(calls)
-    waits = [q for a in attempts if (q := a.phase("queue") or 0.0) >= QUEUE_MIN_WAIT]
+    pooled = [a for a in attempts if a.protocol != "2"]  # HTTP/2 queues: http2_stream_limit
+    waits = [q for a in pooled if (q := a.phase("queue") or 0.0) >= QUEUE_MIN_WAIT]
     share = sum(waits) / _total(attempts)
     if len(waits) < 2 or share < QUEUE_MIN_SHARE:
         return None
@@ -391,6 +393,7 @@ def event_loop_lag(calls: Sequence[Call]) -> Finding | None:
 #: Every rule, in the order findings of equal saving are listed.
 RULES: Final[tuple[Rule, ...]] = (
     pool_queue,
+    http2_stream_limit,
     new_connections,
     slow_dns,
     slow_connect,
