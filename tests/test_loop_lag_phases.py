@@ -202,3 +202,54 @@ def test_a_stall_that_ends_before_the_answer_delays_nothing(
         # The attempt's lag is at most the stall (in the connect, when it held that up) and
         # that work.
         assert sum(lag for _, lag in found.values()) < stall + delay / 4 + longest, found
+
+
+async def one_request_stalled_while_waiting(url: str, stall: float) -> None:
+    """One aiohttp request; the loop is blocked for ``stall`` s as soon as its body is out."""
+    sent = asyncio.Event()
+
+    async def body_sent(*_: Any) -> None:
+        sent.set()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(body_sent)
+
+    async def stall_the_loop() -> None:
+        await sent.wait()
+        time.sleep(stall)  # noqa: ASYNC251 - the program's own stall under test
+
+    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+
+        async def one() -> None:
+            async with session.post(url, json={}) as response:
+                await response.read()
+
+        await asyncio.gather(stall_the_loop(), one())
+
+
+@pytest.mark.parametrize("kind", ["aiohttp", "aiohttp-uvloop"])
+def test_a_stall_while_waiting_is_the_programs_lag(telemetry: Telemetry, kind: str) -> None:
+    """The answer, 0.2 s after the request, waits in the socket buffer while the loop is blocked
+    for 0.45 s from the send: the lag is the part of the stall the server's time leaves."""
+    ttfb, stall = 0.2, 0.45
+    with mock_server("--ttfb", str(ttfb), "--tokens", "1") as mock:
+        run_plain = one_request_stalled_while_waiting(mock.url, stall)
+        if kind.endswith("uvloop"):
+            uvloop.run(run_plain)
+        else:
+            asyncio.run(run_plain)
+    (attempt,) = telemetry.attempts()
+    phases = {name: (seconds(s), lag_of(s)) for name, s in telemetry.phases(attempt).items()}
+    assert {"connect", "send", "wait", "receive"} <= set(phases), phases
+    # The send's end is seen by a callback after the body is written: the stall may end the
+    # send or the wait; either way it is in the send-to-first-byte window.
+    window = phases["send"][0] + phases["wait"][0]
+    window_lag = phases["send"][1] + phases["wait"][1]
+    attributes = attempt.attributes or {}
+    processing = attributes["llm_latency.server.processing_time"]
+    assert isinstance(processing, float) and processing >= ttfb - 0.001
+    # The stall, less the server's own time, is the program's: capped by what the server says.
+    assert window_lag >= (stall - processing) * 0.8, phases
+    assert window >= stall, phases
+    overhead = attributes["llm_latency.network_overhead"]
+    assert isinstance(overhead, float) and 0 <= overhead < (stall - ttfb) / 2, attributes
