@@ -108,33 +108,45 @@ class LoopLagMonitor:
         for window in windows:
             delay = 0
             if window is not None:
-                start, end = window
                 try:
-                    stretch = self._stretch_before(end, pending)
+                    delay = self._delay_of(window, pending)
                 except RuntimeError:  # ended from another thread while the loop recorded one
-                    stretch = None
-                if stretch is not None:
-                    delay = max(end - max(stretch, start), 0)
+                    delay = 0
             delays.append(delay)
         return delays
 
-    def _stretch_before(self, end: int, pending: tuple[int, int] | None) -> int | None:
-        """Where the busy stretch that ``end`` came at the end of started, if it came at the
-        end of one. Late ticks one interval apart are one stretch: the loop ran only the tick
-        between them."""
-        found: int | None = None
+    def _delay_of(self, window: tuple[int, int], pending: tuple[int, int] | None) -> int:
+        """How long the busy loop delayed the end of the phase ``window`` (ns): the busy stretch
+        its end came at the end of, within the phase, from the stretch's start to the phase's
+        end. Late ticks one interval apart are one stretch; the interval between two of them
+        counts as busy only when the later tick was late by a whole interval or more (the
+        loop was saturated: it ran little but the tick). Ticks late by less, on a loop that
+        ran on time in between (a loaded machine that takes the process away for a moment),
+        count their lateness only."""
+        start, end = window
+        delay = 0
+        newer = 0  # the start of the stretch after, in the same busy stretch
+        saturated = False
         for busy_start, busy_end in _newest_first(self.busy, pending):
-            if found is None:
+            if not newer:
                 if busy_start >= end:
                     continue  # after the phase
                 if busy_end < end - SETTLE_NS:
-                    return None  # the loop was free before the phase ended
-                found = busy_start
-            elif busy_end >= found - INTERVAL_NS - LATE_NS:
-                found = busy_start
+                    return 0  # the loop was free before the phase ended
+                delay += end - max(busy_start, start)
+            elif busy_end >= newer - INTERVAL_NS - LATE_NS:
+                if busy_end <= start:
+                    break  # before the phase
+                if saturated:
+                    delay += max(newer - max(busy_end, start), 0)
+                delay += max(busy_end - max(busy_start, start), 0)
             else:
                 break
-        return found
+            newer = busy_start
+            saturated = busy_end - busy_start >= INTERVAL_NS
+            if busy_start <= start:
+                break
+        return max(delay, 0)
 
     def stop(self) -> None:
         """No more ticks; the lag of attempts still in flight is what was seen so far."""
