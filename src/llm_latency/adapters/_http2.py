@@ -4,15 +4,15 @@ pool's, and the HTTP/2 connections in the pool metrics.
 With HTTP/2, httpcore's pool hands every request for an origin to one connection, even while
 that connection is still being opened, and the connection then lets as many requests through
 at once as the server's ``SETTINGS_MAX_CONCURRENT_STREAMS`` allows (one, until the server's
-SETTINGS arrive). A request beyond that waits, before it sends anything:
+SETTINGS arrive). A request beyond that waits for a free stream
+(``HTTP2Connection._max_streams_semaphore``) before it sends anything: that is a ``queue``
+phase, like a wait for a pool's free connection. The phase begins only when the semaphore is
+taken at that moment (a request that goes straight through has no queue phase) and ends when
+the request starts to send its headers. (The wait of the first requests for the connection
+another request is opening is not hooked: a hook on ``HTTPConnection.handle_async_request``
+changed how a cancelled request ends, in tests/test_httpx_failures.py; it stays a gap.)
 
-- for the connection another request is opening (``HTTPConnection._request_lock``);
-- for a free stream (``HTTP2Connection._max_streams_semaphore``).
-
-Both are a ``queue`` phase, like a wait for a pool's free connection: the request had nothing
-to send on. The phase begins only when the lock or the semaphore is taken at that moment (a
-request that goes straight through has no queue phase) and ends when the request starts to
-send its headers. Each ``HTTP2Connection`` is one connection of the pool metrics (active while
+Each ``HTTP2Connection`` is one connection of the pool metrics (active while
 it carries a stream); ``http.client.active_requests`` counts each request on it.
 
 Without the ``h2`` package httpcore has no HTTP/2, and none of this is hooked.
@@ -60,12 +60,6 @@ def _queue_if(waits: bool) -> Any:
     return SKIP
 
 
-def _connection_wait(connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``HTTPConnection.handle_request``: another request is opening this connection."""
-    lock = getattr(connection, "_request_lock", None)
-    return _queue_if(getattr(connection, "_connection", True) is None and is_taken(lock))
-
-
 def _stream_wait(semaphore: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``Semaphore.acquire`` (httpcore uses it for HTTP/2 streams only): none is free."""
     return _queue_if(is_taken(semaphore))
@@ -94,12 +88,6 @@ def install(
     patches.group(
         "the queue phase of HTTP/2 requests",
         [
-            (f"{module}._sync.connection:HTTPConnection", "handle_request", Hook(_connection_wait)),
-            (
-                f"{module}._async.connection:AsyncHTTPConnection",
-                "handle_async_request",
-                Hook(_connection_wait),
-            ),
             (f"{module}._synchronization:Semaphore", "acquire", Hook(_stream_wait)),
             (f"{module}._synchronization:AsyncSemaphore", "acquire", Hook(_stream_wait)),
         ],

@@ -34,8 +34,13 @@ def _end(attempt: Attempt) -> int:
     return attempt.start_ns + int(attempt.duration * 1e9)
 
 
-def _queue_end(attempt: Attempt) -> int:
-    return attempt.start_ns + int((attempt.phase("queue") or 0.0) * 1e9)
+def _at(attempt: Attempt, name: str, end: bool = False) -> int | None:
+    """When phase ``name`` of ``attempt`` started (or ended), in ns since the epoch."""
+    for phase in attempt.phases:
+        if phase.name == name:
+            offset = phase.start + (phase.duration if end else 0.0)
+            return attempt.start_ns + int(offset * 1e9)
+    return None
 
 
 def _streams_at_once(attempts: Sequence[Attempt]) -> int:
@@ -44,10 +49,10 @@ def _streams_at_once(attempts: Sequence[Attempt]) -> int:
     request beyond the limit)."""
     edges: list[tuple[int, int]] = []
     for attempt in attempts:
-        first_byte = attempt.first_byte
-        if first_byte is not None:
-            edges.append((_queue_end(attempt), 1))
-            edges.append((attempt.start_ns + int(first_byte * 1e9), -1))
+        sent, first_byte = _at(attempt, "send"), _at(attempt, "wait", end=True)
+        if sent is not None and first_byte is not None:
+            edges.append((sent, 1))
+            edges.append((first_byte, -1))
     peak = current = 0
     for _, step in sorted(edges):  # an end sorts before a start at the same instant
         current += step
@@ -66,7 +71,9 @@ def _stream_waits(same_host: Sequence[Attempt]) -> list[float]:
         queue = attempt.phase("queue") or 0.0
         if queue < STREAM_QUEUE_MIN_WAIT:
             continue
-        start, done = attempt.start_ns, _queue_end(attempt)
+        start, done = _at(attempt, "queue"), _at(attempt, "queue", end=True)
+        if start is None or done is None:
+            continue
         slack = int(queue * STREAM_RELEASE_SLACK * 1e9)
         if any(start <= end <= done + slack for end in ends):
             waits.append(queue)
