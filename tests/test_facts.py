@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from llm_latency.facts import AttemptFacts, read_facts
 from llm_latency.sse import SSECounter
-from llm_latency.timeline import RECEIVE, SEND, WAIT, Timeline
+from llm_latency.timeline import CONNECT, PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 
 MS = 1_000_000
 WANTED = frozenset({"openai-processing-ms", "retry-after-ms", "x-request-id"})
+
+
+def lags(**by_phase: float) -> list[float]:
+    """Per-phase lags (s) as the emitter hands them over: indexed like ``PHASE_NAMES``."""
+    return [by_phase.get(name, 0.0) for name in PHASE_NAMES]
 
 
 def attempt(processing_ms: str | None = "250", status: int = 200) -> Timeline:
@@ -40,15 +45,32 @@ def test_the_overhead_is_the_window_less_the_servers_time() -> None:
 def test_the_lag_charged_to_the_wait_never_takes_the_servers_time() -> None:
     """The loop was busy for 200 ms of the wait and 30 ms of the receive; the server says it
     spent 250 of the 320 ms window, so at most 70 ms of the wait can be the program's."""
-    facts = read_facts(attempt(), (0.2, 0.03), WANTED)
+    facts = read_facts(attempt(), lags(wait=0.2, receive=0.03), WANTED)
     assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.1) < 1e-9
     assert facts.network_overhead is not None and abs(facts.network_overhead) < 1e-9
+    # The phases carry what the attempt is charged: the wait its capped share.
+    assert facts.phase_lags is not None
+    assert abs(facts.phase_lags[WAIT] - 0.07) < 1e-9 and facts.phase_lags[RECEIVE] == 0.03
+    assert abs(sum(facts.phase_lags) - facts.event_loop_lag) < 1e-12
 
 
 def test_without_the_servers_time_the_lag_is_all_charged() -> None:
-    facts = read_facts(attempt(processing_ms=None), (0.2, 0.03), WANTED)
+    facts = read_facts(attempt(processing_ms=None), lags(wait=0.2, receive=0.03), WANTED)
     assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.23) < 1e-9
     assert facts.server_processing is None and facts.network_overhead is None
+
+
+def test_the_lag_of_every_phase_is_the_attempts_but_the_overhead_drops_only_the_windows() -> None:
+    """A stall while connecting (120 ms) and sending (10 ms) is the attempt's lag; the network
+    overhead, a share of the send-to-first-byte window, takes out only the send's."""
+    timeline = attempt()
+    timeline.begin(CONNECT, at=timeline.start_ns - 150 * MS)
+    timeline.end_phase(CONNECT, at=timeline.start_ns)
+    facts = read_facts(timeline, lags(connect=0.12, send=0.01), WANTED)
+    assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.13) < 1e-9
+    assert facts.phase_lags is not None and facts.phase_lags[CONNECT] == 0.12
+    assert facts.phase_lags[SEND] == 0.01
+    assert facts.network_overhead is not None and abs(facts.network_overhead - 0.06) < 1e-9
 
 
 def test_a_failed_status_and_the_wait_it_asks_for() -> None:

@@ -8,17 +8,8 @@ import pytest
 from tests.scenarios.catalog import Scenario, judge, play, verdict, with_lag
 from tests.scenarios.labelled import SCENARIOS
 
-#: The loop's stall in a connection phase is charged to the phase only with the per-phase lag
-#: that the asyncio adapters put on phase spans (branch ``loop``).
-NEEDS_LAG = pytest.mark.xfail(strict=True, reason="needs per-phase lag from branch loop")
 
-
-def _param(scenario: Scenario) -> object:
-    marks = [NEEDS_LAG] if scenario.needs_phase_lag else []
-    return pytest.param(scenario, id=scenario.name, marks=marks)
-
-
-@pytest.mark.parametrize("scenario", [_param(s) for s in SCENARIOS])
+@pytest.mark.parametrize("scenario", [pytest.param(s, id=s.name) for s in SCENARIOS])
 def test_the_cause_is_ranked_first(scenario: Scenario) -> None:
     outcome = play(scenario)
     assert outcome.records, "the scenario sent nothing"

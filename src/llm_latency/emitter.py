@@ -42,7 +42,7 @@ from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
-from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
+from llm_latency.timeline import PHASE_NAMES, Timeline
 from llm_latency.tracer_handle import TracerHandle
 from llm_latency.urls import proxy_origin, redact, route_template, scrub_userinfo
 
@@ -50,6 +50,7 @@ _logger = logging.getLogger(__name__)
 
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
+_PHASES = range(len(PHASE_NAMES))
 
 
 class Emitter:
@@ -195,19 +196,17 @@ class Emitter:
         self.finish(timeline)
 
     @staticmethod
-    def _loop_lag(record: AttemptRecord) -> tuple[float, float] | None:
-        """How long the attempt's busy event loop delayed the end of its send and wait phases
-        (the send-to-first-byte window), and of its receive phase (s); None for an attempt not
-        on a loop. Once per attempt."""
+    def _loop_lag(record: AttemptRecord) -> list[float] | None:
+        """How long the attempt's busy event loop delayed the end of each of its phases (s,
+        indexed like ``PHASE_NAMES``; 0 for a phase that did not happen); None for an attempt
+        not on a loop. Once per attempt."""
         monitor = record.loop_monitor
         if monitor is None:
             return None
         record.loop_monitor = None
-        timeline = record.timeline
-        in_send, in_wait, in_receive = monitor.attempt_ended(
-            (timeline.bounds_of(SEND), timeline.bounds_of(WAIT), timeline.bounds_of(RECEIVE))
-        )
-        return (in_send + in_wait) / 1e9, in_receive / 1e9
+        bounds_of = record.timeline.bounds_of
+        delays = monitor.attempt_ended([bounds_of(phase) for phase in _PHASES])
+        return [delay / 1e9 for delay in delays]
 
     def _attempt_ends(
         self, record: AttemptRecord, reason: str | None, retry_after: float | None
@@ -236,13 +235,13 @@ class Emitter:
                 continue
         return []
 
-    def _emit(self, record: AttemptRecord, lag: tuple[float, float] | None) -> None:
+    def _emit(self, record: AttemptRecord, lag: list[float] | None) -> None:
         timeline, span = record.timeline, record.span
         facts = read_facts(timeline, lag, self.captured_headers)
         span.set_attributes(self._attributes(record, facts))
         ctx = set_span_in_context(span)
         error = timeline.error
-        self._emit_phases(timeline, span, ctx, record.host, error)
+        self._emit_phases(timeline, span, ctx, record.host, error, facts.phase_lags)
         if error is not None:
             if timeline.failed_phase is None or not self.phase_spans:
                 record_exception(span, error)
@@ -292,7 +291,13 @@ class Emitter:
         return attributes
 
     def _emit_phases(
-        self, timeline: Timeline, span: Span, ctx: Context, host: str, error: BaseException | None
+        self,
+        timeline: Timeline,
+        span: Span,
+        ctx: Context,
+        host: str,
+        error: BaseException | None,
+        lags: list[float] | None,
     ) -> None:
         record = self.metrics.phase
         recorded = self.metrics.phases_recorded
@@ -300,7 +305,7 @@ class Emitter:
         emit_spans = self.phase_spans and span.is_recording()
         fast_parent = writer.fast_path(span) if emit_spans else None
         failed = timeline.failed_phase if error is not None else None
-        for phase in range(len(PHASE_NAMES)):
+        for phase in _PHASES:
             bounds = timeline.bounds_of(phase)
             if bounds is None:
                 continue
@@ -310,6 +315,9 @@ class Emitter:
                 record(attributes, (end - start) / 1e9, ctx)
             if not emit_spans:
                 continue
+            if lags is not None and lags[phase] > 0:
+                # On the span only: the metric keeps the shared, low-cardinality attributes.
+                attributes = {**attributes, semconv.EVENT_LOOP_LAG: lags[phase]}
             if fast_parent is not None and phase != failed:
                 writer.write(
                     phase,

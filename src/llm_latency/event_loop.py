@@ -1,22 +1,32 @@
 """Event-loop lag: how long an asyncio loop, busy with other work, delayed what an attempt
-waited for, so that a program's own stall is not blamed on the provider.
+waited for, so that a program's own stall is not blamed on the provider or the network.
 
 A response that arrived on time waits in the socket buffer while the loop runs other code (CPU
 work between awaits, parsing other responses); the attempt's ``http.wait`` or ``http.receive``
-then grows by that time. One :class:`LoopLagMonitor` per running loop measures it the cheap way:
-while at least one attempt is in flight on the loop, a timer is due every ``INTERVAL_NS``; when
-it runs late, the loop was busy from the moment it was due until it ran. Each time the loop
-runs, it polls its sockets first, so a phase that ended right after a busy stretch was delayed
-by at most that stretch: that is the lag charged to the phase.
+then grows by that time. The same holds in every phase an asyncio attempt waits through: a DNS
+answer, a TCP connect, a TLS handshake message or a pooled connection given back while the loop
+is busy is seen only when the loop runs again, and that phase (the one that was in progress, so
+the one whose end the stall delayed) grows by it. One :class:`LoopLagMonitor` per running loop
+measures it the cheap way: while at least one attempt is in flight on the loop, a timer is due
+every ``INTERVAL_NS``; when it runs late, the loop was busy from the moment it was due until it
+ran. Each time the loop runs, it polls its sockets first, so a phase that ended right after a
+busy stretch was delayed by at most that stretch: that is the lag charged to the phase.
+
+Phase boundaries are taken by code running on the loop, so none falls inside a stall: a stall
+that starts in one phase delays that phase's end, and the next phase starts after it. The
+charge of a phase is clipped to the phase, so the charges of an attempt's phases never overlap
+and their sum, the attempt's lag, is at most the attempt's duration.
 
 What it can say, and what it cannot:
 
 - A busy stretch is seen from the first tick it delays: its first part, up to one interval
   (10 ms), is not counted.
-- When the response arrived in the middle of the busy stretch, the stretch's part before the
-  arrival counts too (the arrival time cannot be known from user space): the lag is an upper
-  bound of the delay, and ``wait - lag`` a lower bound of the provider's and the network's
-  share, off by at most that one stretch.
+- When what the phase waited for arrived in the middle of the busy stretch, the stretch's part
+  before the arrival counts too (the arrival time cannot be known from user space): the lag is
+  an upper bound of the delay, and ``phase - lag`` a lower bound of the provider's and the
+  network's share, off by at most that one stretch.
+- A stall that ended before what the phase waited for arrived did not delay it: a phase that
+  ends later than ``SETTLE_NS`` after the loop was free again is charged nothing for it.
 - Sync clients (requests, sync httpx) in threads have no loop to watch: a thread that waits for
   the GIL held by other threads is delayed the same way, and that is not measured.
 """
@@ -92,37 +102,51 @@ class LoopLagMonitor:
         now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
         pending = (self._due_ns, now) if late else None
+        if pending is None and not self.busy:
+            return [0] * len(windows)  # the loop was never busy: the usual case, kept cheap
         delays = []
         for window in windows:
             delay = 0
             if window is not None:
-                start, end = window
                 try:
-                    stretch = self._stretch_before(end, pending)
+                    delay = self._delay_of(window, pending)
                 except RuntimeError:  # ended from another thread while the loop recorded one
-                    stretch = None
-                if stretch is not None:
-                    delay = max(end - max(stretch, start), 0)
+                    delay = 0
             delays.append(delay)
         return delays
 
-    def _stretch_before(self, end: int, pending: tuple[int, int] | None) -> int | None:
-        """Where the busy stretch that ``end`` came at the end of started, if it came at the
-        end of one. Late ticks one interval apart are one stretch: the loop ran only the tick
-        between them."""
-        found: int | None = None
+    def _delay_of(self, window: tuple[int, int], pending: tuple[int, int] | None) -> int:
+        """How long the busy loop delayed the end of the phase ``window`` (ns): the busy stretch
+        its end came at the end of, within the phase, from the stretch's start to the phase's
+        end. Late ticks one interval apart are one stretch; the interval between two of them
+        counts as busy only when the later tick was late by a whole interval or more (the
+        loop was saturated: it ran little but the tick). Ticks late by less, on a loop that
+        ran on time in between (a loaded machine that takes the process away for a moment),
+        count their lateness only."""
+        start, end = window
+        delay = 0
+        newer = 0  # the start of the stretch after, in the same busy stretch
+        saturated = False
         for busy_start, busy_end in _newest_first(self.busy, pending):
-            if found is None:
+            if not newer:
                 if busy_start >= end:
                     continue  # after the phase
                 if busy_end < end - SETTLE_NS:
-                    return None  # the loop was free before the phase ended
-                found = busy_start
-            elif busy_end >= found - INTERVAL_NS - LATE_NS:
-                found = busy_start
+                    return 0  # the loop was free before the phase ended
+                delay += end - max(busy_start, start)
+            elif busy_end >= newer - INTERVAL_NS - LATE_NS:
+                if busy_end <= start:
+                    break  # before the phase
+                if saturated:
+                    delay += max(newer - max(busy_end, start), 0)
+                delay += max(busy_end - max(busy_start, start), 0)
             else:
                 break
-        return found
+            newer = busy_start
+            saturated = busy_end - busy_start >= INTERVAL_NS
+            if busy_start <= start:
+                break
+        return max(delay, 0)
 
     def stop(self) -> None:
         """No more ticks; the lag of attempts still in flight is what was seen so far."""

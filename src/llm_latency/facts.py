@@ -5,6 +5,7 @@ names these facts as attributes and metrics.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llm_latency import headers
@@ -39,8 +40,11 @@ class AttemptFacts:
     server_processing: float | None
     #: Send-to-first-byte window less the server's time and the loop lag charged to it.
     network_overhead: float | None
-    #: Lag charged to the send-to-first-byte window and the receive phase together.
+    #: Lag charged to the whole attempt: the sum of ``phase_lags``.
     event_loop_lag: float | None
+    #: Lag charged to each phase (s, indexed like ``PHASE_NAMES``), None for an attempt not on
+    #: an event loop.
+    phase_lags: list[float] | None
     time_to_first_chunk: float | None
     stream_events: int | None
     stream_max_gap: float | None
@@ -53,10 +57,10 @@ class AttemptFacts:
 
 
 def read_facts(
-    timeline: Timeline, lag: tuple[float, float] | None, wanted: frozenset[str]
+    timeline: Timeline, lag: Sequence[float] | None, wanted: frozenset[str]
 ) -> AttemptFacts:
     """The facts of a finished attempt. ``lag``: how long its busy event loop delayed the end
-    of its send and wait phases, and of its receive phase (s), None for an attempt not on a
+    of each of its phases (s, indexed like ``PHASE_NAMES``), None for an attempt not on a
     loop; ``wanted``: the response headers to keep."""
     found: dict[str, list[str]] = {}
     if timeline.response_headers is not None and wanted:
@@ -65,17 +69,23 @@ def read_facts(
     window = send_to_first_byte(timeline)
 
     lag_total: float | None = None
-    wait_lag = 0.0
+    phase_lags: list[float] | None = None
+    window_lag = 0.0  # the lag in the send-to-first-byte window: the one the overhead excludes
     if lag is not None:
-        wait_lag, receive_lag = lag
+        phase_lags = list(lag)
+        send_lag, wait_lag = phase_lags[SEND], phase_lags[WAIT]
+        window_lag = send_lag + wait_lag
         if processing is not None and window is not None:
             # The response cannot have come before the server's processing was done: the loop
-            # delayed it by no more than what the processing time leaves of the window.
-            wait_lag = min(wait_lag, max(window - processing, 0.0))
-        lag_total = wait_lag + receive_lag
+            # delayed it by no more than what the processing time leaves of the window (the
+            # wait keeps its share of that first: the server's time ends in it).
+            window_lag = min(window_lag, max(window - processing, 0.0))
+            phase_lags[WAIT] = min(wait_lag, window_lag)
+            phase_lags[SEND] = window_lag - phase_lags[WAIT]
+        lag_total = sum(phase_lags)
     overhead = None
     if processing is not None and window is not None:
-        overhead = window - processing - wait_lag
+        overhead = window - processing - window_lag
 
     first_chunk = events = max_gap = None
     if timeline.stream is not None and timeline.first_chunk_ns:
@@ -106,6 +116,7 @@ def read_facts(
         server_processing=processing,
         network_overhead=overhead,
         event_loop_lag=lag_total,
+        phase_lags=phase_lags,
         time_to_first_chunk=first_chunk,
         stream_events=events,
         stream_max_gap=max_gap,

@@ -52,7 +52,7 @@ class Scenario:
     """One labelled cause: ``first`` must be ranked first (None: no finding at all), no finding
     of ``forbidden`` may appear; ``fix_mentions``: words the first finding's fix must hold;
     ``needs_phase_lag``: the cause is the loop's stall in a connection phase, which the
-    diagnosis can only tell with the per-phase lag of the phase spans."""
+    diagnosis tells by the per-phase lag of the phase spans."""
 
     name: str
     cause: str

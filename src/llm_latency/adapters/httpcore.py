@@ -9,7 +9,8 @@ How each phase is observed (hooks are on classes, so clients and transports crea
   ``traceparent`` is added to the request headers, and a ``trace`` callback is put on the
   request (chained to one the program set);
 - ``queue``: ``PoolRequest.wait_for_connection`` when the request was not given a connection at
-  once (the pool's ``max_connections`` was reached);
+  once (the pool's ``max_connections`` was reached); with HTTP/2, also the wait for the shared
+  connection another request opens and for a free stream on it (see ``_http2``);
 - ``connect``: the ``connect_tcp`` trace events; ``dns``: the resolver call made inside it
   (see ``_resolver``);
 - ``tls``: the ``start_tls`` events;
@@ -24,8 +25,8 @@ How each phase is observed (hooks are on classes, so clients and transports crea
   received them.
 
 The connection pool (``pools``): a pool is read when the SDK collects, from its first
-``create_connection``; an HTTP/1.1 connection opens when ``HTTP11Connection`` is built on its
-network stream and closes at its ``close``/``aclose``.
+``create_connection``; an HTTP/1.1 or HTTP/2 connection opens when ``HTTP11Connection`` or
+``HTTP2Connection`` is built on its network stream and closes at its ``close``/``aclose``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Any
 
+from llm_latency.adapters import _http2
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
 from llm_latency.adapters._resolver import connecting, peer_address, resolver_hooks
 from llm_latency.emitter import Emitter
@@ -105,7 +107,7 @@ def _send_started(attempt: Timeline, info: dict[str, Any]) -> None:
         return
     if attempt.reused is None:
         attempt.reused = True
-    if attempt.current_phase == PROXY:
+    if attempt.current_phase in (PROXY, QUEUE):  # a tunnel, or a wait for HTTP/2
         attempt.advance(SEND)
     else:
         attempt.begin(SEND)
@@ -334,6 +336,7 @@ class HttpcoreAdapter:
                 (f"{module}._async.http11:AsyncHTTP11Connection", "aclose", closed),
             ],
         )
+        _http2.install(self._patches, module, lifetimes, partial(_connection_opened, lifetimes))
 
     def uninstall(self) -> None:
         """Undo every hook. Responses in flight still end when they are closed."""
@@ -381,7 +384,7 @@ class HttpcoreAdapter:
         except BaseException:
             self._emitter.finish(attempt)
             raise
-        return attempt, connecting.set(None)
+        return attempt, connecting.set(None), _http2.current_attempt.set(attempt)
 
     def _sync_begins(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._begin(pool, args[0] if args else kwargs["request"], _SyncTrace)
@@ -389,28 +392,31 @@ class HttpcoreAdapter:
     def _async_begins(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._begin(pool, args[0] if args else kwargs["request"], _AsyncTrace)
 
-    def _sync_returns(self, state: tuple[Timeline, Any], response: Any) -> Any:
-        attempt, token = state
+    def _sync_returns(self, state: tuple[Timeline, Any, Any], response: Any) -> Any:
+        attempt, token, sending = state
         connecting.reset(token)
         if attempt.peer_address is None:  # a pooled connection
             _note_peer(attempt, response.extensions.get("network_stream"))
+        _http2.current_attempt.reset(sending)
         response.stream = _SyncStream(response.stream, attempt, self._emitter)
         return response
 
-    def _async_returns(self, state: tuple[Timeline, Any], response: Any) -> Any:
-        attempt, token = state
+    def _async_returns(self, state: tuple[Timeline, Any, Any], response: Any) -> Any:
+        attempt, token, sending = state
         connecting.reset(token)
         if attempt.peer_address is None:  # a pooled connection
             _note_peer(attempt, response.extensions.get("network_stream"))
+        _http2.current_attempt.reset(sending)
         response.stream = _AsyncStream(response.stream, attempt, self._emitter)
         return response
 
-    def _fails(self, state: tuple[Timeline, Any], exc: BaseException) -> None:
-        attempt, token = state
+    def _fails(self, state: tuple[Timeline, Any, Any], exc: BaseException) -> None:
+        attempt, token, sending = state
         connecting.reset(token)
+        _http2.current_attempt.reset(sending)
         self._emitter.finish_failed(attempt, exc)
 
-    def _abandon(self, state: tuple[Timeline, Any]) -> None:
+    def _abandon(self, state: tuple[Timeline, Any, Any]) -> None:
         self._emitter.finish(state[0])
 
 
@@ -452,9 +458,9 @@ def _connection_opened(
 
 
 def _read_pool(pool: Any, lifetimes: ConnectionLifetimes) -> Iterator[PoolRow]:
-    """One pool's connections per host. Each pooled ``HTTPConnection`` wraps the HTTP/1.1
-    connection once it is established (``_connection``; HTTP/2 ones are not tracked yet);
-    ``max_connections`` bounds the whole pool, so it is each host's limit."""
+    """One pool's connections per host. Each pooled ``HTTPConnection`` wraps the HTTP/1.1 or
+    HTTP/2 connection once it is established (``_connection``); ``max_connections`` bounds the
+    whole pool, so it is each host's limit."""
     limit = limit_or_none(pool._max_connections)
     rows: dict[HostPort, list[int]] = {}
     for connection in list(pool._connections):

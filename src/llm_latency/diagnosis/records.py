@@ -87,6 +87,7 @@ class Attempt:
     server_processing: float | None = None
     network_overhead: float | None = None
     event_loop_lag: float | None = None
+    protocol: str | None = None  # network.protocol.version: "1.1", "2"
     time_to_first_chunk: float | None = None
     client: str | None = None  # the client library (llm_latency.client), when known
     stream_events: int | None = None
@@ -276,6 +277,7 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
         server_processing=_float(attributes.get(semconv.SERVER_PROCESSING_TIME)),
         network_overhead=_float(attributes.get(semconv.NETWORK_OVERHEAD)),
         event_loop_lag=_float(attributes.get(semconv.EVENT_LOOP_LAG)),
+        protocol=_first(attributes.get(semconv.NETWORK_PROTOCOL_VERSION)),
         time_to_first_chunk=_float(attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)),
         client=_first(attributes.get(semconv.CLIENT)),
         stream_events=_int(attributes.get(semconv.STREAM_EVENTS)),

@@ -27,6 +27,7 @@ from llm_latency.diagnosis.measured import (
 )
 from llm_latency.diagnosis.measured import total as _total
 from llm_latency.diagnosis.records import SETUP_PHASES, Attempt, Call
+from llm_latency.diagnosis.stream_limit import http2_stream_limit
 from llm_latency.timeline import DNS, QUEUE, WAIT
 
 #: new-connections: a connection set-up (DNS + TCP + TLS) that costs at least this (s) at p50...
@@ -111,7 +112,8 @@ def new_connections(calls: Sequence[Call]) -> Finding | None:
 def pool_queue(calls: Sequence[Call]) -> Finding | None:
     """Requests waited for a free connection in the client's pool."""
     attempts = _attempts(calls)
-    waits = [q for a in attempts if (q := a.net("queue") or 0.0) >= QUEUE_MIN_WAIT]
+    pooled = [a for a in attempts if a.protocol != "2"]  # HTTP/2 queues: http2_stream_limit
+    waits = [q for a in pooled if (q := a.net("queue") or 0.0) >= QUEUE_MIN_WAIT]
     share = sum(waits) / _total(attempts)
     if len(waits) < MIN_REQUESTS or share < QUEUE_MIN_SHARE:
         return None
@@ -371,6 +373,7 @@ RULES: Final[tuple[Rule, ...]] = (
     failures.failed_requests,
     failures.rate_limits,
     pool_queue,
+    http2_stream_limit,
     new_connections,
     slow_dns,
     slow_connect,
