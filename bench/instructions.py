@@ -50,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from overhead import CLIENTS, MODES, payload_and_url
+from overhead import CLIENTS, MODES, dropping_providers, payload_and_url
 
 WORKLOADS = {"json": {"n": 30, "warmup": 20}, "stream50": {"n": 15, "warmup": 10}}
 #: One sleeping window for the loop-lag monitor's ticks (s of wall time under callgrind).
@@ -70,33 +70,7 @@ def checkpoint() -> None:
 def _providers() -> tuple[Any, Any]:
     """The SDK as a program sets it up, with what is driven by time switched off: spans leave
     only at a flush (or when a batch is full), metrics only when asked."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import (
-        MetricExporter,
-        MetricExportResult,
-        PeriodicExportingMetricReader,
-    )
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-    class DropSpans(SpanExporter):
-        def export(self, spans: Sequence[Any]) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
-
-    class DropMetrics(MetricExporter):
-        def export(self, metrics_data: Any, timeout_millis: float = 0, **kw: Any) -> Any:
-            return MetricExportResult.SUCCESS
-
-        def force_flush(self, timeout_millis: float = 0) -> bool:
-            return True
-
-        def shutdown(self, timeout_millis: float = 0, **kwargs: Any) -> None:
-            return None
-
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(BatchSpanProcessor(DropSpans(), schedule_delay_millis=1e9))
-    reader = PeriodicExportingMetricReader(DropMetrics(), export_interval_millis=1e9)
-    return tracer_provider, MeterProvider(metric_readers=[reader])
+    return dropping_providers(span_delay_millis=1e9, metric_interval_millis=1e9)
 
 
 def _instrument(client: str, subject: str, tracer_provider: Any, meter_provider: Any) -> None:

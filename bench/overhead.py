@@ -77,8 +77,11 @@ def serve(port_file: str) -> None:
 # -- a worker: one mode, one workload, in a fresh interpreter ----------------------------------
 
 
-def _instrument(client: str, mode: str) -> Callable[[], object]:
-    """Instrument for ``mode``; returns the flush of the spans."""
+def dropping_providers(
+    span_delay_millis: float = 5000, metric_interval_millis: float = 1000
+) -> tuple[Any, Any]:
+    """A tracer and a meter provider as a program sets them up (batch span processor, periodic
+    metric reader), whose exporters drop what they get."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
         MetricExporter,
@@ -103,11 +106,21 @@ def _instrument(client: str, mode: str) -> Callable[[], object]:
             return None
 
     tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(BatchSpanProcessor(DropSpans()))
-    reader = PeriodicExportingMetricReader(DropMetrics(), export_interval_millis=1000)
+    tracer_provider.add_span_processor(
+        BatchSpanProcessor(DropSpans(), schedule_delay_millis=span_delay_millis)
+    )
+    reader = PeriodicExportingMetricReader(
+        DropMetrics(), export_interval_millis=metric_interval_millis
+    )
+    return tracer_provider, MeterProvider(metric_readers=[reader])
+
+
+def _instrument(client: str, mode: str) -> Callable[[], object]:
+    """Instrument for ``mode``; returns the flush of the spans."""
+    tracer_provider, meter_provider = dropping_providers()
     providers = {
         "tracer_provider": tracer_provider,
-        "meter_provider": MeterProvider(metric_readers=[reader]),
+        "meter_provider": meter_provider,
     }
     if mode == "otel-contrib":
         if client == "aiohttp":
