@@ -42,6 +42,19 @@ def rules_found(findings: list[Finding]) -> list[str]:
     return [f.rule for f in findings]
 
 
+def stall(telemetry: Telemetry, *phases: str) -> float:
+    """The most of ``phases`` (span names) any attempt charged to its own loop's stall (s): the
+    diagnosis takes it off the network's time, so a bound on what was injected allows for it (on
+    a loaded machine the process is descheduled, and the lag is an upper bound)."""
+    by_attempt: dict[int, float] = {}
+    for span in telemetry.spans():
+        if span.name in phases and span.parent is not None:
+            lag = (span.attributes or {}).get("llm_latency.event_loop.lag", 0.0)
+            assert isinstance(lag, float | int)
+            by_attempt[span.parent.span_id] = by_attempt.get(span.parent.span_id, 0.0) + lag
+    return max(by_attempt.values(), default=0.0)
+
+
 def finding(findings: list[Finding], rule: str) -> Finding:
     (found,) = [f for f in findings if f.rule == rule]
     assert 0 < found.evidence.share <= 1, found.evidence  # a share of the time, never more
@@ -103,7 +116,8 @@ async def test_new_connections(telemetry: Telemetry, pooled: bool) -> None:
     # One connection was needed (sequential requests); the other five paid DNS+TCP+TLS again.
     assert found.evidence.count == 5 and found.evidence.requests == 6
     assert found.evidence.phase == "dns+connect+tls"
-    assert found.evidence.p50 >= 0.03  # the handshake the server held back
+    # the handshake the server held back, less what the loop's stall was charged with
+    assert found.evidence.p50 >= 0.03 - stall(telemetry, "http.dns", "http.connect", "http.tls")
     assert found.saving is not None and found.saving.requests == 5
     assert found.saving.p50 == found.evidence.p50
     assert "reuse one client" in found.fix
@@ -159,7 +173,8 @@ async def test_slow_dns(
         assert "slow-dns" not in rules_found(findings)
         return
     found = finding(findings, "slow-dns")
-    assert found.evidence.count == 2 and found.evidence.p50 >= delay
+    assert found.evidence.count == 2
+    assert found.evidence.p50 >= delay - stall(telemetry, "http.dns")
     assert "caching resolver" in found.fix
 
 

@@ -1,5 +1,5 @@
 """The in-process metric contract (DESIGN.md, "Metrics"): ``llm_latency.phase.duration`` for
-the phases whose presence is the news (queue when the attempt waited, dns, connect, tls), every
+the phases whose presence is the news (queue when the attempt waited, dns, connect, proxy, tls), every
 phase with ``phase_metrics="all"``; ``llm_latency.event_loop.lag`` for the attempts that lagged
 by at least the monitor's threshold. The spans keep every phase either way."""
 
@@ -77,7 +77,10 @@ async def test_by_default_only_the_set_up_phases_are_recorded(
 ) -> None:
     await _round(tls_server, dns, client_ssl)
     assert phase_counts(setup_telemetry) == {"dns": 1, "connect": 1, "tls": 1, "queue": 1}
-    assert {PHASE_NAMES[phase] for phase in SETUP_PHASES} == {"queue", "dns", "connect", "tls"}
+    # (and proxy, for an attempt through a proxy's tunnel: tests/test_proxies.py)
+    assert {PHASE_NAMES[phase] for phase in SETUP_PHASES} == {
+        "queue", "dns", "connect", "proxy", "tls",
+    }  # fmt: skip
     # Send, wait and receive stay on the spans (the Collector's span metrics count them).
     spans = span_phases(setup_telemetry)
     assert spans["http.send"] == spans["http.wait"] == spans["http.receive"] == 3
@@ -134,7 +137,9 @@ def test_the_lag_histogram_counts_the_attempts_that_lagged(
         timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
         timeline.close()
         record = AttemptRecord(timeline, INVALID_SPAN, "POST", "llm.test", 443, 0, None)
-        facts = read_facts(timeline, (0.0, lag), frozenset())
+        lags_by_phase = [0.0] * len(PHASE_NAMES)
+        lags_by_phase[PHASE_NAMES.index("receive")] = lag
+        facts = read_facts(timeline, lags_by_phase, frozenset())
         assert facts.event_loop_lag == lag
         metrics.record(record, facts, Context())
     data = reader.get_metrics_data()

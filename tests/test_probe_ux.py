@@ -304,7 +304,9 @@ def test_findings_name_new_connections_for_fresh_connections() -> None:
     assert isinstance(findings, dict) and list(findings) == [mock.url]
     (found,) = [f for f in findings[mock.url] if f["rule"] == "new-connections"]
     assert found["evidence"]["count"] == 3  # three of four could have reused the first's
-    assert found["saving"]["p50"] >= 0.05 - 0.005  # the TLS handshake each paid again
+    # the TLS handshake each paid again, less what the loop's stall was charged with
+    lag = max(request["event_loop_lag"] or 0.0 for request in fresh["requests"])
+    assert found["saving"]["p50"] >= 0.05 - 0.005 - lag
     assert found["fix"] and found["cause"]
     pooled_findings = pooled["findings"]
     assert isinstance(pooled_findings, dict)
