@@ -14,6 +14,7 @@ import re
 import select
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import time
@@ -124,7 +125,10 @@ def test_jsonl_prints_a_line_per_request_as_it_finishes_then_a_summary() -> None
     summary = lines[-1]
     assert "requests" not in summary
     assert summary["summary_by_status"]["2xx"]["requests"] == 8
-    assert summary["summary"]["wait"]["p50"] >= 0.3 - 0.005
+    # The server answers 0.3 s after it read the request: sending and waiting last that long
+    # (the wait alone can end up a little shorter when the process is descheduled between
+    # writing the request and noting the send's end).
+    assert min(line["phases"]["send"] + line["phases"]["wait"] for line in lines[:8]) >= 0.299
     assert list(summary["findings"]) == [mock.url]
     assert "interrupted" not in summary
     # Numbers rounded to the nanosecond, not 0.30391636974999997.
@@ -212,7 +216,8 @@ def test_percentiles_per_status_class() -> None:
     assert by_status["4xx"]["phases"]["wait"]["p50"] < 0.2
     summary = report["summary"]
     assert isinstance(summary, dict)
-    assert summary["wait"]["p50"] >= 0.2 - 0.005  # successes only
+    waits = [r["phases"]["wait"] for r in report["requests"] if r["status"] == 200]
+    assert summary["wait"]["p50"] == pytest.approx(statistics.median(waits), abs=1e-9)  # 2xx only
     assert summary["total"]["p50"] >= 0.2 - 0.005
     assert text.returncode == 0, text.stderr
     assert "percentiles, 2xx: 2 requests (200: 2)" in text.stdout
