@@ -50,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from overhead import CLIENTS, MODES, dropping_providers, payload_and_url
+from overhead import CLIENTS, MODES, dropping_providers, official_instrumentor, payload_and_url
 
 WORKLOADS = {"json": {"n": 30, "warmup": 20}, "stream50": {"n": 15, "warmup": 10}}
 #: One sleeping window for the loop-lag monitor's ticks (s of wall time under callgrind).
@@ -76,15 +76,7 @@ def _providers() -> tuple[Any, Any]:
 def _instrument(client: str, subject: str, tracer_provider: Any, meter_provider: Any) -> None:
     providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
     if subject == "otel-contrib":
-        if client == "aiohttp":
-            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor as I
-        elif client == "httpx":
-            from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor as I  # type: ignore[assignment]
-        elif client == "httpx2":
-            from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor as I  # type: ignore[assignment]
-        else:
-            from opentelemetry.instrumentation.requests import RequestsInstrumentor as I  # type: ignore[assignment]
-        I().instrument(**providers)
+        official_instrumentor(client).instrument(**providers)
         return
     import llm_latency
     from llm_latency import event_loop

@@ -115,6 +115,25 @@ def dropping_providers(
     return tracer_provider, MeterProvider(metric_readers=[reader])
 
 
+def official_instrumentor(client: str) -> Any:
+    """The official OpenTelemetry instrumentation of ``client``, not yet instrumenting."""
+    if client == "aiohttp":
+        from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+
+        return AioHttpClientInstrumentor()
+    if client == "httpx":
+        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+        return HTTPXClientInstrumentor()
+    if client == "httpx2":
+        from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
+
+        return HTTPX2ClientInstrumentor()
+    from opentelemetry.instrumentation.requests import RequestsInstrumentor
+
+    return RequestsInstrumentor()
+
+
 def _instrument(client: str, mode: str) -> Callable[[], object]:
     """Instrument for ``mode``; returns the flush of the spans."""
     tracer_provider, meter_provider = dropping_providers()
@@ -123,15 +142,7 @@ def _instrument(client: str, mode: str) -> Callable[[], object]:
         "meter_provider": meter_provider,
     }
     if mode == "otel-contrib":
-        if client == "aiohttp":
-            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor as I
-        elif client == "httpx":
-            from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor as I  # type: ignore[assignment]
-        elif client == "httpx2":
-            from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor as I  # type: ignore[assignment]
-        else:
-            from opentelemetry.instrumentation.requests import RequestsInstrumentor as I  # type: ignore[assignment]
-        I().instrument(**providers)
+        official_instrumentor(client).instrument(**providers)
         return tracer_provider.force_flush
     import llm_latency
 
