@@ -144,11 +144,15 @@ def lag_of(span: ReadableSpan) -> float:
     return value
 
 
-def check_attempt(telemetry: Telemetry, attempt: ReadableSpan) -> dict[str, tuple[float, float]]:
-    """Per phase of ``attempt``: (duration, lag). Checks the contract: each phase's lag lies
-    within the phase, and the attempt's is the sum over its phases."""
+def check_attempt(
+    telemetry: Telemetry, attempt: ReadableSpan, fresh: bool = True
+) -> dict[str, tuple[float, float]]:
+    """Per phase of ``attempt`` (on a ``fresh`` connection, or a pooled one): (duration, lag).
+    Checks the contract: each phase's lag lies within the phase, and the attempt's is the sum
+    over its phases."""
     phases = telemetry.phases(attempt)
-    assert {"connect", "tls", "send", "wait", "receive"} <= set(phases), set(phases)
+    expected = {"connect", "tls", "send", "wait", "receive"} if fresh else {"send", "wait"}
+    assert expected <= set(phases), set(phases)
     found = {name: (seconds(span), lag_of(span)) for name, span in phases.items()}
     for name, (duration, lag) in found.items():
         assert 0 <= lag <= duration + 1e-9, (name, found)
@@ -254,3 +258,55 @@ def test_a_stall_while_waiting_is_the_programs_lag(telemetry: Telemetry, kind: s
     assert window >= stall, phases
     overhead = attributes["llm_latency.network_overhead"]
     assert isinstance(overhead, float) and 0 <= overhead < (stall - ttfb) / 2, attributes
+
+
+async def queued_behind_a_stall(url: str, ca_file: str, stall: float, requests: int) -> None:
+    """``requests`` aiohttp requests through a pool of two connections; the loop is blocked for
+    ``stall`` s while the first two are opening theirs and the rest wait for one."""
+    connecting = asyncio.Event()
+    opened = 0
+
+    async def one_more(*_: Any) -> None:
+        nonlocal opened
+        opened += 1
+        if opened == 2:
+            connecting.set()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_start.append(one_more)
+    context = ssl.create_default_context(cafile=ca_file)
+    connector = aiohttp.TCPConnector(limit=2, ssl=context)
+    async with aiohttp.ClientSession(connector=connector, trace_configs=[trace]) as session:
+
+        async def one() -> None:
+            async with session.post(url, json={}) as response:
+                await response.read()
+
+        async def stall_the_loop() -> None:
+            await connecting.wait()
+            await asyncio.sleep(0.01)  # the other requests are queued by now
+            time.sleep(stall)  # noqa: ASYNC251 - the program's own stall under test
+
+        await asyncio.gather(stall_the_loop(), *(one() for _ in range(requests)))
+
+
+def test_a_stall_that_holds_the_pool_is_the_queued_requests_lag(telemetry: Telemetry) -> None:
+    """Six requests, two connections, a 0.3 s stall while the two are in their handshake (the
+    server answers after 0.1 s): the two end 0.2 s late, and so does the turn of every request
+    queued behind them, even the ones whose turn comes long after the stall (each holds its
+    connection 0.05 s at least, the server's time). Their queue was the program's too."""
+    delay, stall, ttfb, requests = 0.1, 0.3, 0.05, 6
+    arguments = ("--tls", "--tls-delay", str(delay), "--ttfb", str(ttfb), "--tokens", "1")
+    with mock_server(*arguments) as mock:
+        assert mock.ca_file is not None
+        asyncio.run(queued_behind_a_stall(mock.url, mock.ca_file, stall, requests))
+    attempts = telemetry.attempts()
+    assert len(attempts) == requests
+    phases = [check_attempt(telemetry, attempt, fresh=False) for attempt in attempts]
+    queued = [found for found in phases if "queue" in found]
+    assert len(queued) == requests - 2, queued
+    for found in queued:
+        duration, lag = found["queue"]
+        # Its turn came at least the stall, less the handshake's own time, late.
+        assert duration >= stall - delay, found
+        assert lag >= (stall - delay) / 2, found

@@ -27,6 +27,11 @@ What it can say, and what it cannot:
   network's share, off by at most that one stretch.
 - A stall that ended before what the phase waited for arrived did not delay it: a phase that
   ends later than ``SETTLE_NS`` after the loop was free again is charged nothing for it.
+- A request queued for a pooled connection (or an HTTP/2 stream) waits for another attempt on
+  the same loop to give one back: a stall that delayed that attempt's end delayed the queued
+  one's turn by as much, even when the stall ended long before the turn came. The queue phase
+  is charged the lag of the attempt that ended as its turn came (clipped to the queue phase),
+  or the stretch its end came after, whichever is more.
 - Sync clients (requests, sync httpx) in threads have no loop to watch: a thread that waits for
   the GIL held by other threads is delayed the same way, and that is not measured.
 """
@@ -39,6 +44,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 from llm_latency.clock import clock_ns
+from llm_latency.timeline import QUEUE
 
 #: How often a loop with attempts in flight is checked (ns): the resolution of the lag.
 INTERVAL_NS = 10_000_000
@@ -49,6 +55,9 @@ LATE_NS = 1_000_000
 SETTLE_NS = 20_000_000
 #: Busy stretches kept per loop: at most one per interval, so about 160 s of continuous lag.
 KEPT = 16_384
+#: Ended attempts that were delayed, kept per loop for the queued attempts whose turn their
+#: end gave: (end, lag) in ns.
+ENDED_KEPT = 256
 
 _monitors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagMonitor] = (
     weakref.WeakKeyDictionary()
@@ -85,6 +94,8 @@ class LoopLagMonitor:
         self._stopped = False
         #: (start, end) in ``perf_counter_ns`` of each stretch the loop was busy, oldest first.
         self.busy: deque[tuple[int, int]] = deque(maxlen=KEPT)
+        #: (end, lag) in ``perf_counter_ns`` of each recent attempt the busy loop delayed.
+        self.delayed_ends: deque[tuple[int, int]] = deque(maxlen=ENDED_KEPT)
 
     def attempt_started(self) -> None:
         """An attempt starts on this loop (call from the loop's thread)."""
@@ -94,10 +105,12 @@ class LoopLagMonitor:
 
     def attempt_ended(self, windows: Sequence[tuple[int, int] | None]) -> list[int]:
         """An attempt ends: for each of ``windows`` (its phases, as ``Timeline.bounds_of`` gives
-        them; None for one that did not happen), how long (ns) the busy loop delayed the
-        phase's end. That is the busy stretch the loop was in when the phase ended (the one in
-        progress now included), from its start or the phase's, whichever is later: before
-        it, the loop polled its sockets, so what the phase waited for had not arrived."""
+        them, indexed like ``PHASE_NAMES``; None for one that did not happen), how long (ns) the
+        busy loop delayed the phase's end. That is the busy stretch the loop was in when the
+        phase ended (the one in progress now included), from its start or the phase's,
+        whichever is later: before it, the loop polled its sockets, so what the phase waited
+        for had not arrived. A queue phase may be charged more: the lag of the attempt whose
+        end gave it its turn."""
         self._in_flight -= 1
         now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
@@ -105,15 +118,31 @@ class LoopLagMonitor:
         if pending is None and not self.busy:
             return [0] * len(windows)  # the loop was never busy: the usual case, kept cheap
         delays = []
-        for window in windows:
-            delay = 0
-            if window is not None:
-                try:
-                    delay = self._delay_of(window, pending)
-                except RuntimeError:  # ended from another thread while the loop recorded one
-                    delay = 0
-            delays.append(delay)
+        try:
+            for window in windows:
+                delays.append(0 if window is None else self._delay_of(window, pending))
+            queue = windows[QUEUE] if len(windows) > QUEUE else None
+            if queue is not None:
+                delays[QUEUE] = max(delays[QUEUE], self._handed_on(queue))
+        except RuntimeError:  # ended from another thread while the loop recorded one
+            delays += [0] * (len(windows) - len(delays))
+        lag = sum(delays)
+        if lag:
+            self.delayed_ends.append((now, lag))
         return delays
+
+    def _handed_on(self, queue: tuple[int, int]) -> int:
+        """The lag of the delayed attempt that ended nearest the end of ``queue`` (within
+        ``SETTLE_NS``), clipped to the queue phase: its connection, given back that much
+        later, gave the queued attempt its turn that much later."""
+        start, end = queue
+        nearest, lag = SETTLE_NS + 1, 0
+        for ended, delayed in reversed(self.delayed_ends):
+            if ended < end - SETTLE_NS:
+                break
+            if abs(ended - end) < nearest:
+                nearest, lag = abs(ended - end), delayed
+        return min(lag, end - start)
 
     def _delay_of(self, window: tuple[int, int], pending: tuple[int, int] | None) -> int:
         """How long the busy loop delayed the end of the phase ``window`` (ns): the busy stretch
@@ -172,6 +201,7 @@ class LoopLagMonitor:
         else:
             self._handle = None
             self.busy.clear()
+            self.delayed_ends.clear()
 
 
 def _newest_first(
