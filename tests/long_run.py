@@ -35,9 +35,9 @@ class CountingExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def live_timelines() -> int:
+def live_timelines() -> list[Timeline]:
     gc.collect()
-    return sum(1 for obj in gc.get_objects() if isinstance(obj, Timeline))
+    return [obj for obj in gc.get_objects() if isinstance(obj, Timeline)]
 
 
 @dataclass
@@ -90,6 +90,9 @@ async def long_run(total: int, warmup: int, checkpoint: int) -> LongRun:
     SDK's BatchSpanProcessor; returns the measurements."""
     assert 0 < warmup < checkpoint < total
     run = LongRun(total, warmup, checkpoint)
+    # In a test worker, an earlier test may have left Timelines of its own (a request it
+    # abandoned in a thread still running): only those this run made count.
+    earlier = live_timelines()  # held, so that their ids stay theirs
     exporter = CountingExporter()
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))
@@ -116,7 +119,7 @@ async def long_run(total: int, warmup: int, checkpoint: int) -> LongRun:
         tracemalloc.stop()
         llm_latency.uninstrument()
     provider.force_flush()
-    run.timelines_left = live_timelines()
+    run.timelines_left = sum(1 for left in live_timelines() if all(left is not e for e in earlier))
     run.exported = exporter.names
     run.exported_count = exporter.count
     data = reader.get_metrics_data()
