@@ -11,6 +11,7 @@ import inspect
 import logging
 import os
 import ssl
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ import httpx2
 import pytest
 import requests
 import tomllib
+import wrapt
+from aiohttp.base_protocol import BaseProtocol
 from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
@@ -82,6 +85,39 @@ def test_wrappers_keep_signature_names_and_wrapped() -> None:
             assert inspect.iscoroutinefunction(wrapper) == inspect.iscoroutinefunction(original)
     finally:
         llm_latency.uninstrument()
+
+
+def test_per_chunk_hooks_are_plain_functions() -> None:
+    """The hooks called per body chunk are no wrapt proxies (about 0.8 µs a call each, what the
+    chunk's own bookkeeping costs), and still observe: a chunk fed is timed."""
+    from aiohttp.streams import StreamReader
+    from urllib3.response import HTTPResponse
+
+    original = vars(StreamReader)["feed_data"]
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        for owner, name in [(StreamReader, "feed_data"), (HTTPResponse, "_raw_read")]:
+            hook = vars(owner)[name]
+            assert isinstance(hook, types.FunctionType), (owner, name, hook)
+            assert not isinstance(hook, wrapt.ObjectProxy)
+
+        async def feed_one() -> Timeline:
+            loop = asyncio.get_running_loop()
+            reader = StreamReader(BaseProtocol(loop), 2**16, loop=loop)
+            timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
+            aiohttp_adapter._streams[reader] = timeline
+            try:
+                reader.feed_data(b"data: {}\n\n")
+            finally:
+                del aiohttp_adapter._streams[reader]
+            return timeline
+
+        timeline = asyncio.run(feed_one())
+        assert (timeline.chunks, timeline.bytes_received) == (1, 10)
+    finally:
+        llm_latency.uninstrument()
+    assert vars(StreamReader)["feed_data"] is original  # taken out at uninstrument
 
 
 async def test_options_read_from_the_signature_are_not_dropped(

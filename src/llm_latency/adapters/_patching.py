@@ -11,6 +11,10 @@
   phase, the request span itself). A group whose target is missing (the client library
   changed) is not installed, and the adapter reports what is lost; a missing *essential*
   group turns the whole client off. ``instrument()`` never raises for it.
+- **Hot paths.** A :class:`Tap` (a hook called per body chunk) on a plain function is a plain
+  function itself, made with ``functools.update_wrapper`` (the original's name, signature and
+  ``__wrapped__``): a wrapt proxy costs about 0.8 µs a call here, what the chunk's own
+  bookkeeping costs; the plain function about 0.1 µs. It stacks and is spliced out like a proxy.
 - **Stacking.** wrapt-based instrumentations (the OpenTelemetry contrib ones) unwrap by putting
   back the ``__wrapped__`` of whatever is on top. So our wrapper goes *beneath* any wrapt proxy
   already installed, and is spliced out of the chain on restore, wherever it sits: either side
@@ -25,6 +29,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -95,13 +100,17 @@ class Hook:
 
 
 class Tap:
-    """A hook for a hot path (called per body chunk): ``observe(instance, result)`` runs after
-    the call returned, guarded, with nothing before it; cheaper than a :class:`Hook`."""
+    """A hook for a hot path (called per body chunk): ``observe(instance, value)`` runs after
+    the call returned, guarded, with nothing before it. ``value`` is the call's result or, with
+    ``argument`` (a parameter's name), what the call was given for it: its first argument after
+    ``self``. On a plain function it is installed as a plain function, not a wrapt proxy (see
+    the module docstring)."""
 
-    __slots__ = ("observe",)
+    __slots__ = ("argument", "observe")
 
-    def __init__(self, observe: Callable[[Any, Any], None]) -> None:
+    def __init__(self, observe: Callable[[Any, Any], None], argument: str | None = None) -> None:
         self.observe = observe
+        self.argument = argument
 
 
 def phase_hook(
@@ -187,18 +196,43 @@ def _sync_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch
 
 
 def _tap_wrapper(tap: Tap, where: str, report: FaultReporter, switch: _Switch) -> Any:
-    observe = tap.observe
+    observe, argument = tap.observe, tap.argument
 
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         result = wrapped(*args, **kwargs)
         if switch.on:
             try:
-                observe(instance, result)
+                if argument is None:
+                    observe(instance, result)
+                else:
+                    observe(instance, args[0] if args else kwargs[argument])
             except Exception:
                 report(where)
         return result
 
     return wrapper
+
+
+def _tapped_function(
+    function: Any, tap: Tap, where: str, report: FaultReporter, switch: _Switch
+) -> Any:
+    """``function`` (a plain function, so a method when set on a class) observed by ``tap``, as
+    a plain function with the original's name, signature and ``__wrapped__``."""
+    observe, argument = tap.observe, tap.argument
+
+    def tapped(*args: Any, **kwargs: Any) -> Any:
+        result = function(*args, **kwargs)
+        if switch.on:
+            try:
+                if argument is None:
+                    observe(args[0], result)
+                else:
+                    observe(args[0], args[1] if len(args) > 1 else kwargs[argument])
+            except Exception:
+                report(where)
+        return result
+
+    return functools.update_wrapper(tapped, function)
 
 
 def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch) -> Any:
@@ -337,13 +371,17 @@ class PatchSet:
             while isinstance(target, _PROXY):
                 holder, target = target, target.__wrapped__
         function = getattr(target, "__func__", target)  # staticmethod: its function
-        if isinstance(hook, Tap):
-            wrap = _tap_wrapper(hook, where, self._report, self._switch)
-        elif inspect.iscoroutinefunction(function):
-            wrap = _async_wrapper(hook, where, self._report, self._switch)
+        wrapper: Any
+        if isinstance(hook, Tap) and inspect.isfunction(target):
+            wrapper = _tapped_function(target, hook, where, self._report, self._switch)
         else:
-            wrap = _sync_wrapper(hook, where, self._report, self._switch)
-        wrapper = wrapt.FunctionWrapper(target, wrap)
+            if isinstance(hook, Tap):
+                wrap = _tap_wrapper(hook, where, self._report, self._switch)
+            elif inspect.iscoroutinefunction(function):
+                wrap = _async_wrapper(hook, where, self._report, self._switch)
+            else:
+                wrap = _sync_wrapper(hook, where, self._report, self._switch)
+            wrapper = wrapt.FunctionWrapper(target, wrap)
         if holder is None:
             setattr(owner, name, wrapper)
         else:

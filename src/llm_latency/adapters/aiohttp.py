@@ -36,7 +36,7 @@ from typing import Any, Final
 from aiohttp.client_exceptions import ClientConnectionError
 from opentelemetry.trace import Span
 
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
+from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Tap, Unavailable, phase_hook
 from llm_latency.adapters._resolver import is_ip_literal, peer_address, socket_peer
 from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
@@ -179,7 +179,7 @@ class AiohttpAdapter:
         )
         p.group("connection reuse", [(_BASE_CONNECTOR, "_get", Hook(_found, _pooled))])
         p.group("the send and wait phases", [(_REQUEST, "send", Hook(_send_begins, self._sent))])
-        p.group("body chunk times", [(_READER, "feed_data", Hook(_chunk))])
+        p.group("body chunk times", [(_READER, "feed_data", Tap(_chunk, argument="data"))])
 
     def uninstall(self) -> None:
         """Undo every hook. The emitter ends the attempts still in flight."""
@@ -459,11 +459,11 @@ def _body_read(stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     return stream if stream in _streams else SKIP
 
 
-def _chunk(stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    attempt = _streams.get(stream)
-    if attempt is not None:
-        data = args[0] if args else kwargs["data"]
-        if data:
+def _chunk(stream: Any, data: bytes) -> None:
+    """A body chunk reached a response's ``StreamReader`` (a ``Tap``: per chunk, kept cheap)."""
+    if data:
+        attempt = _streams.get(stream)
+        if attempt is not None:
             attempt.chunk(data)
 
 
