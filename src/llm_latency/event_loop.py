@@ -30,8 +30,8 @@ What it can say, and what it cannot:
 - A request queued for a pooled connection (or an HTTP/2 stream) waits for another attempt on
   the same loop to give one back: a stall that delayed that attempt's end delayed the queued
   one's turn by as much, even when the stall ended long before the turn came. The queue phase
-  is charged the lag of the attempt that ended as its turn came (clipped to the queue phase),
-  or the stretch its end came after, whichever is more.
+  is charged the lag of the attempt that ended last before its turn came (clipped to the queue
+  phase), or the stretch its end came after, whichever is more.
 - Sync clients (requests, sync httpx) in threads have no loop to watch: a thread that waits for
   the GIL held by other threads is delayed the same way, and that is not measured.
 """
@@ -132,17 +132,18 @@ class LoopLagMonitor:
         return delays
 
     def _handed_on(self, queue: tuple[int, int]) -> int:
-        """The lag of the delayed attempt that ended nearest the end of ``queue`` (within
-        ``SETTLE_NS``), clipped to the queue phase: its connection, given back that much
-        later, gave the queued attempt its turn that much later."""
+        """The lag of the delayed attempt that ended last before ``queue`` did (within
+        ``SETTLE_NS``), clipped to the queue phase: its connection, given back that much later,
+        gave the queued attempt its turn that much later. Its end is stamped as it gives the
+        connection back, a moment before the queued attempt's task resumes (``LATE_NS`` is
+        allowed for the order of the two)."""
         start, end = queue
-        nearest, lag = SETTLE_NS + 1, 0
         for ended, delayed in reversed(self.delayed_ends):
             if ended < end - SETTLE_NS:
                 break
-            if abs(ended - end) < nearest:
-                nearest, lag = abs(ended - end), delayed
-        return min(lag, end - start)
+            if ended <= end + LATE_NS:
+                return min(delayed, end - start)
+        return 0
 
     def _delay_of(self, window: tuple[int, int], pending: tuple[int, int] | None) -> int:
         """How long the busy loop delayed the end of the phase ``window`` (ns): the busy stretch
