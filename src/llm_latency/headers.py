@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import functools
 import logging
 import os
 import re
@@ -94,13 +95,29 @@ def _text(value: Any) -> str:
 
 
 def select(raw_headers: Sequence[tuple[Any, Any]], wanted: frozenset[str]) -> dict[str, list[str]]:
-    """The wanted headers of a raw ``(name, value)`` list, names lower-cased, values in order."""
+    """The wanted headers of a raw ``(name, value)`` list, names lower-cased, values in order.
+    A name in bytes (aiohttp's and httpcore's raw headers) is compared as bytes: only the
+    wanted ones are decoded (a provider sends twenty headers, and a few are wanted)."""
+    encoded = _encoded(wanted)
     found: dict[str, list[str]] = {}
     for raw_name, raw_value in raw_headers:
-        name = _text(raw_name).lower()
-        if name in wanted:
-            found.setdefault(name, []).append(_text(raw_value).strip())
+        if type(raw_name) is bytes:
+            lowered = raw_name.lower()
+            if lowered not in encoded:
+                continue
+            name = lowered.decode("ascii")
+        else:
+            name = _text(raw_name).lower()
+            if name not in wanted:
+                continue
+        found.setdefault(name, []).append(_text(raw_value).strip())
     return found
+
+
+@functools.lru_cache(maxsize=16)
+def _encoded(wanted: frozenset[str]) -> frozenset[bytes]:
+    """The wanted names as bytes (header names are ASCII tokens: others cannot match)."""
+    return frozenset(name.encode("ascii") for name in wanted if name.isascii())
 
 
 def first(found: Mapping[str, list[str]], *names: str) -> str | None:
