@@ -30,6 +30,12 @@ per second of in-flight time:
     python bench/instructions.py                          # every client (10 min on 2 idle cores)
     python bench/instructions.py --clients aiohttp --workloads json
     python bench/instructions.py --runs 3                 # three runs, and how far apart
+    python bench/instructions.py --cycles                 # and estimated cycles per request
+
+``--cycles`` turns on callgrind's cache and branch simulation and estimates cycles from the
+misses, as ``callgrind_annotate`` does: when llm-latency's added instructions missed the caches
+or mispredicted branches more (or less) often than the official instrumentation's, the ratio of
+cycles moves away from the ratio of instructions, and CPU time would follow the cycles.
 """
 
 from __future__ import annotations
@@ -194,46 +200,65 @@ async def _tick_windows() -> int:
 # -- the driver ---------------------------------------------------------------------------------
 
 
-def callgrind_totals(directory: Path) -> list[int]:
-    """The instructions of each dump of one worker, in order (the part after the last
-    checkpoint, to the exit, is left out)."""
+def callgrind_totals(directory: Path) -> list[dict[str, int]]:
+    """The events of each dump of one worker, in order (the part after the last checkpoint, to
+    the exit, is left out): ``Ir``, the instructions, and with the cache and branch simulation
+    the misses (``D1mr``, ``Bcm``, ...)."""
     numbered = [p for p in directory.iterdir() if p.name.startswith("callgrind.out.")]
     totals = []
     for path in sorted(numbered, key=lambda p: int(p.name.rsplit(".", 1)[1])):
+        events: list[str] = []
         for line in path.read_text().splitlines():
-            if line.startswith("totals:"):
-                totals.append(int(line.split()[1]))
+            if line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith("totals:"):
+                totals.append(dict(zip(events, map(int, line.split()[1:]), strict=True)))
                 break
     return totals
 
 
-def run_worker(client: str, subject: str, workload: str, port: int) -> dict[str, float]:
-    """One worker under callgrind; its per-request and time-driven costs (instructions)."""
+def estimated_cycles(events: dict[str, int]) -> float:
+    """Cycles as ``callgrind_annotate`` estimates them from the simulated misses: an L1 miss
+    10, a last-level miss 100, a mispredicted branch 10."""
+    l1 = events["I1mr"] + events["D1mr"] + events["D1mw"]
+    last_level = events["ILmr"] + events["DLmr"] + events["DLmw"]
+    return events["Ir"] + 10 * l1 + 100 * last_level + 10 * (events["Bcm"] + events["Bim"])
+
+
+def run_worker(
+    client: str, subject: str, workload: str, port: int, cycles: bool = False
+) -> dict[str, float]:
+    """One worker under callgrind; its per-request and time-driven costs (instructions), and
+    with ``cycles`` its estimated cycles per request (cache and branch simulation on)."""
+    simulate = ["--cache-sim=yes", "--branch-sim=yes"] if cycles else []
     with tempfile.TemporaryDirectory(prefix="llm-latency-callgrind-") as tmp:
         out = subprocess.run(
             [
                 "valgrind", "--tool=callgrind", "--dump-before=getpgrp", "--dump-instr=no",
-                "--compress-strings=no", "--compress-pos=no",
+                "--compress-strings=no", "--compress-pos=no", *simulate,
                 f"--callgrind-out-file={tmp}/callgrind.out", "--",
                 sys.executable, __file__, "--worker", client, subject, workload, str(port),
             ],
-            capture_output=True, text=True, timeout=1800,
+            capture_output=True, text=True, timeout=3600,
             # String hashes, and so dict and set layouts, the same in every run.
             env={**os.environ, "PYTHONHASHSEED": "0"},
         )  # fmt: skip
         if out.returncode != 0:
             raise RuntimeError(f"{client} {subject} {workload}: {out.stderr[-2000:]}")
         done = json.loads(out.stdout.strip().splitlines()[-1])
-        totals = callgrind_totals(Path(tmp))
+        events = callgrind_totals(Path(tmp))
+    totals = [dump["Ir"] for dump in events]
     n = WORKLOADS[workload]["n"]
     result = {"request": (totals[2] - totals[1]) / n, "export": float(totals[3])}
     if len(totals) >= 6 and done.get("ticks"):
         result["tick"] = (totals[5] - totals[4]) / done["ticks"]
+    if cycles:
+        result["cycles"] = (estimated_cycles(events[2]) - estimated_cycles(events[1])) / n
     return result
 
 
 def measure(
-    clients: Sequence[str], workloads: Sequence[str], jobs: int
+    clients: Sequence[str], workloads: Sequence[str], jobs: int, cycles: bool = False
 ) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
     """Every worker once, ``jobs`` at a time; results by client, workload, subject."""
     port_file = Path(f"/tmp/llm-latency-instructions-{os.getpid()}.port")
@@ -248,7 +273,7 @@ def measure(
         tasks = [(c, s, w) for c in clients for w in workloads for s in MODES]
         results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            futures = {task: pool.submit(run_worker, *task, port) for task in tasks}
+            futures = {task: pool.submit(run_worker, *task, port, cycles) for task in tasks}
             for (client, subject, workload), future in futures.items():
                 cell = results.setdefault(client, {}).setdefault(workload, {})
                 cell[subject] = future.result()
@@ -277,6 +302,32 @@ def table(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[st
                 f"{ours / 1e3:,.0f} | {ours / official:.2f} | {off / 1e3:,.0f} | "
                 f"{off / official:.2f} |"
             )
+    return lines
+
+
+def cycles_table(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[str]:
+    """What each subject adds in instructions and in estimated cycles, as ratios to the
+    official's: whether the added instructions cost alike (the same cache and branch misses
+    per instruction)."""
+    lines = [
+        "| client | workload | subject | adds k instr | ratio | adds k est. cycles | ratio |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for client, workloads in results.items():
+        for workload, subjects in workloads.items():
+            if "cycles" not in subjects["bare"]:
+                continue
+            bare, bare_cycles = subjects["bare"]["request"], subjects["bare"]["cycles"]
+            official = subjects["otel-contrib"]["request"] - bare
+            official_cycles = subjects["otel-contrib"]["cycles"] - bare_cycles
+            for subject in MODES[1:]:
+                added = subjects[subject]["request"] - bare
+                added_cycles = subjects[subject]["cycles"] - bare_cycles
+                lines.append(
+                    f"| {client} | {workload} | {subject} | {added / 1e3:,.0f} | "
+                    f"{added / official:.2f} | {added_cycles / 1e3:,.0f} | "
+                    f"{added_cycles / official_cycles:.2f} |"
+                )
     return lines
 
 
@@ -340,6 +391,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--runs", type=int, default=1, help="repeat, and report the spread")
     parser.add_argument("--jobs", type=int, default=2, help="workers under callgrind at once")
+    parser.add_argument(
+        "--cycles", action="store_true", help="also estimated cycles (cache and branch simulation)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--cpu", type=Path, help="overhead.py --json's medians: side by side")
     parser.add_argument("--load", type=Path, help="print the runs of an earlier --json")
@@ -354,10 +408,15 @@ def main() -> None:
     elif shutil.which("valgrind") is None:
         sys.exit("bench/instructions.py needs valgrind: apt-get install -y valgrind")
     else:
-        runs = [measure(args.clients, args.workloads, args.jobs) for _ in range(args.runs)]
+        runs = [
+            measure(args.clients, args.workloads, args.jobs, args.cycles) for _ in range(args.runs)
+        ]
     for number, results in enumerate(runs, 1):
         print(f"Instructions per request, run {number} (callgrind):\n")
         print("\n".join(table(results)), end="\n\n")
+    if any("cycles" in subjects["bare"] for w in runs[0].values() for subjects in w.values()):
+        print("Instructions and estimated cycles (callgrind's cache and branch simulation):\n")
+        print("\n".join(cycles_table(runs[0])), end="\n\n")
     print("Driven by time, not by requests:\n")
     print("\n".join(time_driven(runs[0])), end="\n\n")
     if len(runs) > 1:

@@ -1,6 +1,6 @@
 """The one patching layer: every hook of every adapter goes through it.
 
-- **Faithful wrappers.** A hook is installed as a ``wrapt.FunctionWrapper`` around the original:
+- **Faithful wrappers.** A hook is installed as a wrapper of the original (below, which kind):
   ``inspect.signature``, ``__name__``, ``__qualname__``, ``__wrapped__`` and coroutine-ness are
   the original's (libraries such as google-genai read the signature of what they call).
 - **Guarded plugin code.** A :class:`Hook` is up to three callbacks, ``before`` (may decline the
@@ -11,10 +11,12 @@
   phase, the request span itself). A group whose target is missing (the client library
   changed) is not installed, and the adapter reports what is lost; a missing *essential*
   group turns the whole client off. ``instrument()`` never raises for it.
-- **Hot paths.** A :class:`Tap` (a hook called per body chunk) on a plain function is a plain
-  function itself, made with ``functools.update_wrapper`` (the original's name, signature and
-  ``__wrapped__``): a wrapt proxy costs about 0.8 µs a call here, what the chunk's own
-  bookkeeping costs; the plain function about 0.1 µs. It stacks and is spliced out like a proxy.
+- **Plain functions where they can be.** A hook on a plain function (a method in a class, a
+  function in a module) is a plain function itself, made with ``functools.update_wrapper``
+  (the original's name, signature and ``__wrapped__``; ``async def`` for a coroutine
+  function): a wrapt proxy costs about 0.8 µs a call here, more than a :class:`Tap`'s whole
+  work on a body chunk. It stacks and is spliced out like a proxy. Other callables (a
+  ``staticmethod``, a builtin) get a ``wrapt.FunctionWrapper``.
 - **Stacking.** wrapt-based instrumentations (the OpenTelemetry contrib ones) unwrap by putting
   back the ``__wrapped__`` of whatever is on top. So our wrapper goes *beneath* any wrapt proxy
   already installed, and is spliced out of the chain on restore, wherever it sits: either side
@@ -103,8 +105,8 @@ class Tap:
     """A hook for a hot path (called per body chunk): ``observe(instance, value)`` runs after
     the call returned, guarded, with nothing before it. ``value`` is the call's result or, with
     ``argument`` (a parameter's name), what the call was given for it: its first argument after
-    ``self``. On a plain function it is installed as a plain function, not a wrapt proxy (see
-    the module docstring)."""
+    ``self``. On a plain function it calls ``observe`` itself, with no :class:`Hook`'s
+    machinery in between."""
 
     __slots__ = ("argument", "observe")
 
@@ -233,6 +235,40 @@ def _tapped_function(
         return result
 
     return functools.update_wrapper(tapped, function)
+
+
+def _plain_function(function: Any, wrap: Any, method: bool) -> Any:
+    """``function`` hooked by ``wrap`` (a wrapt-style ``wrap(wrapped, instance, args,
+    kwargs)``) as a plain function with the original's name, signature, ``__wrapped__`` and
+    coroutine-ness: a ``method`` (set on a class) gets its instance from the first argument,
+    as wrapt's proxy would hand it over, and the original bound to it."""
+    if inspect.iscoroutinefunction(function):
+        if method:
+
+            async def hooked_method(*args: Any, **kwargs: Any) -> Any:
+                if not args:  # no instance to hand over: the original says what is wrong
+                    return await function(**kwargs)
+                return await wrap(function.__get__(args[0]), args[0], args[1:], kwargs)
+
+            return functools.update_wrapper(hooked_method, function)
+
+        async def hooked_function(*args: Any, **kwargs: Any) -> Any:
+            return await wrap(function, None, args, kwargs)
+
+        return functools.update_wrapper(hooked_function, function)
+    if method:
+
+        def hooked(*args: Any, **kwargs: Any) -> Any:
+            if not args:  # no instance to hand over: the original says what is wrong
+                return function(**kwargs)
+            return wrap(function.__get__(args[0]), args[0], args[1:], kwargs)
+
+        return functools.update_wrapper(hooked, function)
+
+    def hooked_plain(*args: Any, **kwargs: Any) -> Any:
+        return wrap(function, None, args, kwargs)
+
+    return functools.update_wrapper(hooked_plain, function)
 
 
 def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch) -> Any:
@@ -381,7 +417,10 @@ class PatchSet:
                 wrap = _async_wrapper(hook, where, self._report, self._switch)
             else:
                 wrap = _sync_wrapper(hook, where, self._report, self._switch)
-            wrapper = wrapt.FunctionWrapper(target, wrap)
+            if inspect.isfunction(target):
+                wrapper = _plain_function(target, wrap, method=inspect.isclass(owner))
+            else:
+                wrapper = wrapt.FunctionWrapper(target, wrap)
         if holder is None:
             setattr(owner, name, wrapper)
         else:
