@@ -47,6 +47,8 @@ from llm_latency.tracer_handle import TracerHandle
 from llm_latency.urls import proxy_origin, redact, route_template, scrub_userinfo
 
 _logger = logging.getLogger(__name__)
+#: Distinct request methods whose names are remembered (a program sends a handful).
+_MAX_METHODS = 32
 
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
@@ -75,6 +77,8 @@ class Emitter:
         self.captured_headers = frozenset(capture_headers)
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
         self._failure_logged = False
+        #: Request methods as the spans and metrics name them, by the method sent.
+        self._known_methods: dict[str, str] = {}
         self.metrics = AttemptMetrics(meter, phase_metrics)
         self._fast_path = phase_span_fast_path
         self._phase_writer = PhaseSpanWriter(tracer, fast_path=phase_span_fast_path)
@@ -118,9 +122,7 @@ class Emitter:
         if call is not None:
             resend_count = self.calls.attempt_starts(call, timeline.epoch_start_ns, resend_count)
         template = route_template(path)
-        # Unknown methods are "_OTHER", unless OTEL_PYTHON_INSTRUMENTATION_HTTP_CAPTURE_ALL_METHODS
-        # says to keep them; the metrics use the same form.
-        known = sanitize_method(method) or "_OTHER"
+        known = self._known_methods.get(method) or self._known_method(method)
         attributes: dict[str, Any] = {
             semconv.HTTP_REQUEST_METHOD: known,
             semconv.URL_FULL: redact(timeline.url),
@@ -334,6 +336,16 @@ class Emitter:
                 record_exception(child, error)
                 child.set_status(Status(StatusCode.ERROR, kind))
             child.end(timeline.to_epoch_ns(end))
+
+    def _known_method(self, method: str) -> str:
+        """``method`` as the spans and metrics name it: unknown methods are "_OTHER", unless
+        ``OTEL_PYTHON_INSTRUMENTATION_HTTP_CAPTURE_ALL_METHODS`` says to keep them. Decided
+        once per method (reading the variable costs more than the rest of a span's start
+        attributes), for the first ``_MAX_METHODS`` methods seen."""
+        known = sanitize_method(method) or "_OTHER"
+        if len(self._known_methods) < _MAX_METHODS:
+            self._known_methods[method] = known
+        return known
 
     def failed_once(self, what: str) -> None:
         """Log a fault inside the plugin, once per emitter."""
