@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from opentelemetry import propagate
@@ -53,6 +53,8 @@ _MAX_METHODS = 32
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
 _PHASES = range(len(PHASE_NAMES))
+#: The lag of an attempt whose loop was never busy while it was in flight.
+_NO_LAG: tuple[float, ...] = (0.0,) * len(PHASE_NAMES)
 
 
 class Emitter:
@@ -198,7 +200,7 @@ class Emitter:
         self.finish(timeline)
 
     @staticmethod
-    def _loop_lag(record: AttemptRecord) -> list[float] | None:
+    def _loop_lag(record: AttemptRecord) -> Sequence[float] | None:
         """How long the attempt's busy event loop delayed the end of each of its phases (s,
         indexed like ``PHASE_NAMES``; 0 for a phase that did not happen); None for an attempt
         not on a loop. Once per attempt."""
@@ -206,8 +208,9 @@ class Emitter:
         if monitor is None:
             return None
         record.loop_monitor = None
-        bounds_of = record.timeline.bounds_of
-        delays = monitor.attempt_ended([bounds_of(phase) for phase in _PHASES])
+        delays = monitor.phase_delays(record.timeline.bounds_of, len(PHASE_NAMES))
+        if delays is None:
+            return _NO_LAG
         return [delay / 1e9 for delay in delays]
 
     def _attempt_ends(
@@ -237,7 +240,7 @@ class Emitter:
                 continue
         return []
 
-    def _emit(self, record: AttemptRecord, lag: list[float] | None) -> None:
+    def _emit(self, record: AttemptRecord, lag: Sequence[float] | None) -> None:
         timeline, span = record.timeline, record.span
         facts = read_facts(timeline, lag, self.captured_headers)
         span.set_attributes(self._attributes(record, facts))

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from llm_latency.clock import clock_ns
 from llm_latency.timeline import QUEUE
@@ -106,26 +106,36 @@ class LoopLagMonitor:
     def attempt_ended(self, windows: Sequence[tuple[int, int] | None]) -> list[int]:
         """An attempt ends: for each of ``windows`` (its phases, as ``Timeline.bounds_of`` gives
         them, indexed like ``PHASE_NAMES``; None for one that did not happen), how long (ns) the
-        busy loop delayed the phase's end. That is the busy stretch the loop was in when the
-        phase ended (the one in progress now included), from its start or the phase's,
-        whichever is later: before it, the loop polled its sockets, so what the phase waited
-        for had not arrived. A queue phase may be charged more: the lag of the attempt whose
-        end gave it its turn."""
+        busy loop delayed the phase's end (see :meth:`phase_delays`)."""
+        delays = self.phase_delays(windows.__getitem__, len(windows))
+        return [0] * len(windows) if delays is None else delays
+
+    def phase_delays(
+        self, bounds_of: Callable[[int], tuple[int, int] | None], phases: int
+    ) -> list[int] | None:
+        """An attempt ends: for each of its ``phases`` (``bounds_of(phase)`` gives its window,
+        as ``Timeline.bounds_of`` does), how long (ns) the busy loop delayed the phase's end.
+        That is the busy stretch the loop was in when the phase ended (the one in progress now
+        included), from its start or the phase's, whichever is later: before it, the loop
+        polled its sockets, so what the phase waited for had not arrived. A queue phase may be
+        charged more: the lag of the attempt whose end gave it its turn. None when the loop was
+        never busy: no phase was delayed (the usual case, kept cheap: no window is read)."""
         self._in_flight -= 1
         now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
         pending = (self._due_ns, now) if late else None
         if pending is None and not self.busy:
-            return [0] * len(windows)  # the loop was never busy: the usual case, kept cheap
+            return None
+        windows = [bounds_of(phase) for phase in range(phases)]
         delays = []
         try:
             for window in windows:
                 delays.append(0 if window is None else self._delay_of(window, pending))
-            queue = windows[QUEUE] if len(windows) > QUEUE else None
+            queue = windows[QUEUE] if phases > QUEUE else None
             if queue is not None:
                 delays[QUEUE] = max(delays[QUEUE], self._handed_on(queue))
         except RuntimeError:  # ended from another thread while the loop recorded one
-            delays += [0] * (len(windows) - len(delays))
+            delays += [0] * (phases - len(delays))
         lag = sum(delays)
         if lag:
             self.delayed_ends.append((now, lag))
