@@ -120,6 +120,34 @@ def test_per_chunk_hooks_are_plain_functions() -> None:
     assert vars(StreamReader)["feed_data"] is original  # taken out at uninstrument
 
 
+def test_a_tap_sees_what_a_wrapt_proxy_would_hand_it() -> None:
+    """On a method, a Tap gets the instance and the named argument; on a module's function,
+    None and the argument; taken out, the originals are back."""
+
+    class Reader:
+        def feed(self, data: bytes, size: int = 0) -> int:
+            return len(data) + size
+
+    def feed(data: bytes) -> int:
+        return len(data)
+
+    module = types.ModuleType("llm_latency_test_module")
+    module.feed = feed  # type: ignore[attr-defined]
+    seen: list[tuple[Any, Any]] = []
+    patches = PatchSet("test", lambda where: None)
+    tap = _patching.Tap(lambda instance, value: seen.append((instance, value)), argument="data")
+    assert patches.group("reads", [(Reader, "feed", tap), (module, "feed", tap)])
+    reader = Reader()
+    assert reader.feed(b"abc", 1) == 4
+    assert reader.feed(data=b"ab") == 2
+    assert module.feed(b"abcd") == 4
+    assert seen == [(reader, b"abc"), (reader, b"ab"), (None, b"abcd")]
+    assert inspect.signature(Reader.feed) == inspect.signature(vars(Reader)["feed"].__wrapped__)
+    patches.restore()
+    assert module.feed is feed
+    assert "feed" in vars(Reader) and not hasattr(vars(Reader)["feed"], "__wrapped__")
+
+
 async def test_options_read_from_the_signature_are_not_dropped(
     tls_server: LLMServer, client_ssl: ssl.SSLContext
 ) -> None:

@@ -216,20 +216,23 @@ def _tap_wrapper(tap: Tap, where: str, report: FaultReporter, switch: _Switch) -
 
 
 def _tapped_function(
-    function: Any, tap: Tap, where: str, report: FaultReporter, switch: _Switch
+    function: Any, tap: Tap, method: bool, where: str, report: FaultReporter, switch: _Switch
 ) -> Any:
-    """``function`` (a plain function, so a method when set on a class) observed by ``tap``, as
-    a plain function with the original's name, signature and ``__wrapped__``."""
+    """``function`` observed by ``tap``, as a plain function with the original's name,
+    signature and ``__wrapped__``: a ``method`` (set on a class) hands its first argument over
+    as the instance, a module's function None, as wrapt's proxy would."""
     observe, argument = tap.observe, tap.argument
+    first = 1 if method else 0  # where the call's own arguments start
 
     def tapped(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
         if switch.on:
             try:
+                instance = args[0] if method else None
                 if argument is None:
-                    observe(args[0], result)
+                    observe(instance, result)
                 else:
-                    observe(args[0], args[1] if len(args) > 1 else kwargs[argument])
+                    observe(instance, args[first] if len(args) > first else kwargs[argument])
             except Exception:
                 report(where)
         return result
@@ -408,8 +411,9 @@ class PatchSet:
                 holder, target = target, target.__wrapped__
         function = getattr(target, "__func__", target)  # staticmethod: its function
         wrapper: Any
+        method = inspect.isclass(owner)
         if isinstance(hook, Tap) and inspect.isfunction(target):
-            wrapper = _tapped_function(target, hook, where, self._report, self._switch)
+            wrapper = _tapped_function(target, hook, method, where, self._report, self._switch)
         else:
             if isinstance(hook, Tap):
                 wrap = _tap_wrapper(hook, where, self._report, self._switch)
@@ -418,7 +422,7 @@ class PatchSet:
             else:
                 wrap = _sync_wrapper(hook, where, self._report, self._switch)
             if inspect.isfunction(target):
-                wrapper = _plain_function(target, wrap, method=inspect.isclass(owner))
+                wrapper = _plain_function(target, wrap, method)
             else:
                 wrapper = wrapt.FunctionWrapper(target, wrap)
         if holder is None:
