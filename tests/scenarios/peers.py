@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from llm_latency.testing import HandshakeDelay
+
 T = TypeVar("T")
 
 
@@ -86,51 +88,24 @@ async def pausing_stream(pause: float, chunks: int = 20) -> AsyncIterator[str]:
 # -- distance ----------------------------------------------------------------------------------
 
 
-class DistanceRelay:
-    """A TCP relay to ``127.0.0.1:target_port`` that delays every byte by ``one_way`` seconds
-    in each direction: a server far away. Loopback cannot delay the TCP handshake itself, so
+class DistanceRelay(HandshakeDelay):
+    """A TCP relay to ``127.0.0.1:target_port`` that delays every byte by ``delay`` seconds
+    in each direction (one way): a server far away. Loopback cannot delay the TCP handshake itself, so
     the client's first bytes wait one round trip more, which is what the SYN and SYN-ACK would
-    have cost (the slow-connect rule reads TCP and TLS together)."""
+    have cost (the slow-connect rule reads TCP and TLS together). The product's
+    ``HandshakeDelay`` runs it; only what each connection's relay does differs."""
 
-    def __init__(self, target_port: int, one_way: float) -> None:
-        self._target = target_port
-        self._delay = one_way
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.port = 0
-
-    async def __aenter__(self) -> DistanceRelay:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
-            await asyncio.gather(
-                self._pipe(reader, up_writer, first_extra=2 * self._delay),
-                self._pipe(up_reader, writer, first_extra=0.0),
-            )
-        except (OSError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-            self._tasks.discard(task)
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target_port)
+        await asyncio.gather(
+            self._pipe(reader, up_writer, first_extra=2 * self._delay),
+            self._pipe(up_reader, writer, first_extra=0.0),
+        )
 
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first_extra: float
     ) -> None:
-        """Copy with each chunk leaving ``one_way`` after it arrived, in order."""
+        """Copy with each chunk leaving ``delay`` after it arrived, in order."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 

@@ -149,16 +149,21 @@ class HandshakeDelay:
         assert task is not None
         self._tasks.add(task)
         try:
-            first = await reader.read(65536)
-            await asyncio.sleep(self._delay)
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target_port)
-            up_writer.write(first)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await self._forward(reader, writer)
         except (OSError, asyncio.CancelledError):
             pass
         finally:
             writer.close()
             self._tasks.discard(task)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Relay one connection: its first bytes ``delay`` late, then everything as it comes
+        (a subclass may shape the relay otherwise)."""
+        first = await reader.read(65536)
+        await asyncio.sleep(self._delay)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target_port)
+        up_writer.write(first)
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
