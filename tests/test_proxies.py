@@ -106,6 +106,30 @@ async def fetch(
     return statuses
 
 
+async def fetch_through(
+    proxy: Proxy,
+    how: str,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    urls: list[str],
+    *,
+    client_ssl: ssl.SSLContext,
+    ca_file: str,
+) -> list[int]:
+    """:func:`fetch` through ``proxy``, given to the client as its argument
+    (``how="argument"``) or in the environment (``how="environment"``)."""
+    if how == "environment":
+        via_environment(monkeypatch, proxy)
+    return await fetch(
+        kind,
+        urls,
+        proxy=proxy.url if how == "argument" else None,
+        trust_env=how == "environment",
+        client_ssl=client_ssl,
+        ca_file=ca_file,
+    )
+
+
 def via_environment(monkeypatch: pytest.MonkeyPatch, proxy: Proxy) -> None:
     monkeypatch.setenv("HTTP_PROXY", proxy.url)
     monkeypatch.setenv("HTTPS_PROXY", proxy.url)
@@ -123,16 +147,9 @@ async def test_tunnel_to_an_https_target(
     kind: str,
     how: str,
 ) -> None:
-    if how == "environment":
-        via_environment(no_proxy_variables, proxy)
     url = tls_server.url(host="localhost", wait=0.2)
-    statuses = await fetch(
-        kind,
-        [url, url],
-        proxy=proxy.url if how == "argument" else None,
-        trust_env=how == "environment",
-        client_ssl=client_ssl,
-        ca_file=ca_file,
+    statuses = await fetch_through(
+        proxy, how, no_proxy_variables, kind, [url, url], client_ssl=client_ssl, ca_file=ca_file
     )
     assert statuses == [200, 200]
     # One attempt per request: the CONNECT exchange is no attempt of its own.
@@ -168,16 +185,9 @@ async def test_plain_http_target_in_absolute_form(
     kind: str,
     how: str,
 ) -> None:
-    if how == "environment":
-        via_environment(no_proxy_variables, proxy)
     url = server.url(host="localhost", wait=0.2)
-    statuses = await fetch(
-        kind,
-        [url],
-        proxy=proxy.url if how == "argument" else None,
-        trust_env=how == "environment",
-        client_ssl=client_ssl,
-        ca_file=ca_file,
+    statuses = await fetch_through(
+        proxy, how, no_proxy_variables, kind, [url], client_ssl=client_ssl, ca_file=ca_file
     )
     assert statuses == [200]
     request = telemetry.request()
