@@ -45,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -294,18 +293,8 @@ def main() -> None:
         client, mode, workload, port, out = args.profiled
         profiled_worker(client, mode, workload, int(port), out)
         return
-    port_file = Path(f"/tmp/llm-latency-budget-{os.getpid()}.port")
-    server = subprocess.Popen([sys.executable, overhead.__file__, "--serve", str(port_file)])
-    try:
-        for _ in range(100):
-            if port_file.exists() and port_file.read_text():
-                break
-            time.sleep(0.05)
-        measure(args.clients, args.rounds, int(port_file.read_text()))
-    finally:
-        server.terminate()
-        server.wait()
-        port_file.unlink(missing_ok=True)
+    with overhead.loopback_server() as port:
+        measure(args.clients, args.rounds, port)
 
 
 if __name__ == "__main__":

@@ -49,14 +49,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from overhead import CLIENTS, MODES, dropping_providers, official_instrumentor, payload_and_url
+from overhead import (
+    CLIENTS,
+    MODES,
+    dropping_providers,
+    loopback_server,
+    official_instrumentor,
+    payload_and_url,
+)
+
+#: Measurements by client, workload, subject: ``{"request": ..., "export": ..., ...}``.
+Results = dict[str, dict[str, dict[str, dict[str, float]]]]
 
 WORKLOADS = {"json": {"n": 30, "warmup": 20}, "stream50": {"n": 15, "warmup": 10}}
 #: One sleeping window for the loop-lag monitor's ticks (s of wall time under callgrind).
@@ -259,32 +268,25 @@ def run_worker(
 
 def measure(
     clients: Sequence[str], workloads: Sequence[str], jobs: int, cycles: bool = False
-) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+) -> Results:
     """Every worker once, ``jobs`` at a time; results by client, workload, subject."""
-    port_file = Path(f"/tmp/llm-latency-instructions-{os.getpid()}.port")
-    server = subprocess.Popen([sys.executable, str(Path(__file__).parent / "overhead.py"),
-                               "--serve", str(port_file)])  # fmt: skip
-    try:
-        for _ in range(600):  # 30 s: a loaded machine starts an interpreter slowly
-            if port_file.exists() and port_file.read_text():
-                break
-            time.sleep(0.05)
-        port = int(port_file.read_text())
-        tasks = [(c, s, w) for c in clients for w in workloads for s in MODES]
-        results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            futures = {task: pool.submit(run_worker, *task, port, cycles) for task in tasks}
-            for (client, subject, workload), future in futures.items():
-                cell = results.setdefault(client, {}).setdefault(workload, {})
-                cell[subject] = future.result()
-    finally:
-        server.terminate()
-        server.wait()
-        port_file.unlink(missing_ok=True)
+    tasks = [(c, s, w) for c in clients for w in workloads for s in MODES]
+    results: Results = {}
+    with loopback_server() as port, concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {task: pool.submit(run_worker, *task, port, cycles) for task in tasks}
+        for (client, subject, workload), future in futures.items():
+            cell = results.setdefault(client, {}).setdefault(workload, {})
+            cell[subject] = future.result()
     return results
 
 
-def table(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[str]:
+def added(subjects: dict[str, dict[str, float]], subject: str, measure: str = "request") -> float:
+    """What ``subject`` adds over the bare client, in ``measure`` (instructions per request by
+    default)."""
+    return subjects[subject][measure] - subjects["bare"][measure]
+
+
+def table(results: Results) -> list[str]:
     """Added instructions per request over bare, and the ratio to the official's."""
     lines = [
         "| client | workload | bare k instr | official adds k | llm-latency adds k | ratio "
@@ -294,9 +296,9 @@ def table(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[st
     for client, workloads in results.items():
         for workload, subjects in workloads.items():
             bare = subjects["bare"]["request"]
-            official = subjects["otel-contrib"]["request"] - bare
-            ours = subjects["llm-latency"]["request"] - bare
-            off = subjects["llm-latency-no-phase-spans"]["request"] - bare
+            official = added(subjects, "otel-contrib")
+            ours = added(subjects, "llm-latency")
+            off = added(subjects, "llm-latency-no-phase-spans")
             lines.append(
                 f"| {client} | {workload} | {bare / 1e3:,.0f} | {official / 1e3:,.0f} | "
                 f"{ours / 1e3:,.0f} | {ours / official:.2f} | {off / 1e3:,.0f} | "
@@ -305,7 +307,7 @@ def table(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[st
     return lines
 
 
-def cycles_table(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[str]:
+def cycles_table(results: Results) -> list[str]:
     """What each subject adds in instructions and in estimated cycles, as ratios to the
     official's: whether the added instructions cost alike (the same cache and branch misses
     per instruction)."""
@@ -317,21 +319,20 @@ def cycles_table(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> 
         for workload, subjects in workloads.items():
             if "cycles" not in subjects["bare"]:
                 continue
-            bare, bare_cycles = subjects["bare"]["request"], subjects["bare"]["cycles"]
-            official = subjects["otel-contrib"]["request"] - bare
-            official_cycles = subjects["otel-contrib"]["cycles"] - bare_cycles
+            official = added(subjects, "otel-contrib")
+            official_cycles = added(subjects, "otel-contrib", "cycles")
             for subject in MODES[1:]:
-                added = subjects[subject]["request"] - bare
-                added_cycles = subjects[subject]["cycles"] - bare_cycles
+                instructions = added(subjects, subject)
+                cycles = added(subjects, subject, "cycles")
                 lines.append(
-                    f"| {client} | {workload} | {subject} | {added / 1e3:,.0f} | "
-                    f"{added / official:.2f} | {added_cycles / 1e3:,.0f} | "
-                    f"{added_cycles / official_cycles:.2f} |"
+                    f"| {client} | {workload} | {subject} | {instructions / 1e3:,.0f} | "
+                    f"{instructions / official:.2f} | {cycles / 1e3:,.0f} | "
+                    f"{cycles / official_cycles:.2f} |"
                 )
     return lines
 
 
-def time_driven(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> list[str]:
+def time_driven(results: Results) -> list[str]:
     """The costs driven by time, per second of in-flight time."""
     lines = [
         "| client | official: metric export, k instr each (per s) | llm-latency: metric export "
@@ -352,8 +353,8 @@ def time_driven(results: dict[str, dict[str, dict[str, dict[str, float]]]]) -> l
 
 
 def side_by_side(
-    results: dict[str, dict[str, dict[str, dict[str, float]]]],
-    cpu: dict[str, dict[str, dict[str, dict[str, float]]]],
+    results: Results,
+    cpu: Results,
 ) -> list[str]:
     """The two measures of what each instrumentation adds per request, and their ratios to the
     official instrumentation's: instructions (callgrind) and CPU time (``overhead.py``'s
@@ -368,18 +369,18 @@ def side_by_side(
             times = cpu.get(client, {}).get(workload)
             if times is None:
                 continue
-            bare, bare_cpu = subjects["bare"]["request"], times["bare"]
-            official = subjects["otel-contrib"]["request"] - bare
-            official_cpu = times["otel-contrib"]["cpu_us"] - bare_cpu["cpu_us"]
-            official_user = times["otel-contrib"]["user_us"] - bare_cpu["user_us"]
+            official = added(subjects, "otel-contrib")
+            official_cpu = added(times, "otel-contrib", "cpu_us")
+            official_user = added(times, "otel-contrib", "user_us")
             for subject in MODES[1:]:
-                added = subjects[subject]["request"] - bare
-                added_cpu = times[subject]["cpu_us"] - bare_cpu["cpu_us"]
-                added_user = times[subject]["user_us"] - bare_cpu["user_us"]
-                added_system = times[subject]["system_us"] - bare_cpu["system_us"]
+                instructions = added(subjects, subject)
+                added_cpu = added(times, subject, "cpu_us")
+                added_user = added(times, subject, "user_us")
+                added_system = added(times, subject, "system_us")
                 lines.append(
-                    f"| {client} | {workload} | {subject} | {added / 1e3:,.0f} | "
-                    f"{added / official:.2f} | {added_cpu:,.1f} | {added_cpu / official_cpu:.2f} | "
+                    f"| {client} | {workload} | {subject} | {instructions / 1e3:,.0f} | "
+                    f"{instructions / official:.2f} | {added_cpu:,.1f} | "
+                    f"{added_cpu / official_cpu:.2f} | "
                     f"{added_user:,.1f} | {added_user / official_user:.2f} | {added_system:+,.1f} |"
                 )
     return lines
@@ -428,7 +429,7 @@ def main() -> None:
         args.json.write_text(json.dumps(runs, indent=2))
 
 
-def spread(runs: list[dict[str, dict[str, dict[str, dict[str, float]]]]]) -> str:
+def spread(runs: list[Results]) -> str:
     """The largest spread between runs of any subject's instructions per request, in %."""
     worst = 0.0
     for client, workloads in runs[0].items():

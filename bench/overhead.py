@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -26,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,23 @@ def serve(port_file: str) -> None:
 
 
 # -- a worker: one mode, one workload, in a fresh interpreter ----------------------------------
+
+
+@contextlib.contextmanager
+def loopback_server() -> Iterator[int]:
+    """The bench's loopback server (:func:`serve`) in a process of its own; yields its port."""
+    port_file = Path(f"/tmp/llm-latency-bench-{os.getpid()}-{time.monotonic_ns()}.port")
+    server = subprocess.Popen([sys.executable, str(Path(__file__)), "--serve", str(port_file)])
+    try:
+        for _ in range(600):  # 30 s: a loaded machine starts an interpreter slowly
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.05)
+        yield int(port_file.read_text())
+    finally:
+        server.terminate()
+        server.wait()
+        port_file.unlink(missing_ok=True)
 
 
 def dropping_providers(
@@ -287,14 +305,7 @@ def main() -> None:
     rounds = 1 if args.quick else args.rounds
     if args.quick:
         os.environ["BENCH_QUICK"] = "1"
-    port_file = Path(f"/tmp/llm-latency-bench-{os.getpid()}.port")
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
-    try:
-        for _ in range(600):  # 30 s: a loaded machine starts an interpreter slowly
-            if port_file.exists() and port_file.read_text():
-                break
-            time.sleep(0.05)
-        port = int(port_file.read_text())
+    with loopback_server() as port:
         samples: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         for round_no in range(rounds):
             for client in args.clients:
@@ -306,10 +317,6 @@ def main() -> None:
                             run_worker(client, mode, workload, port)
                         )
             print(f"round {round_no + 1}/{rounds} done", file=sys.stderr)
-    finally:
-        server.terminate()
-        server.wait()
-        port_file.unlink(missing_ok=True)
     report(samples, args.json)
 
 

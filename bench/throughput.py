@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from overhead import MODES, _instrument, serve
+from overhead import MODES, _instrument, loopback_server, serve
 
 
 def work(mode: str, port: int, seconds: float, concurrency: int, stream: bool) -> dict[str, float]:
@@ -84,28 +83,19 @@ def main() -> None:
         print(json.dumps(work(mode, int(port), args.seconds, args.concurrency, args.stream)))
         return
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.seconds)
-    port_file = Path(f"/tmp/llm-latency-throughput-{os.getpid()}.port")
-    server = subprocess.Popen([sys.executable, str(Path(__file__).parent / "overhead.py"),
-                               "--serve", str(port_file)])  # fmt: skip
     samples: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
-    try:
-        while not (port_file.exists() and port_file.read_text()):
-            time.sleep(0.05)
-        port = port_file.read_text()
+    with loopback_server() as port:
         for round_no in range(rounds):
             order = MODES[round_no % len(MODES) :] + MODES[: round_no % len(MODES)]
             for mode in order:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--worker", mode, port, "--seconds", str(seconds),
-                     "--concurrency", str(args.concurrency), *(["--stream"] if args.stream else [])],
+                    [sys.executable, __file__, "--worker", mode, str(port), "--seconds",
+                     str(seconds), "--concurrency", str(args.concurrency),
+                     *(["--stream"] if args.stream else [])],
                     capture_output=True, text=True, check=True, timeout=600,
                 )  # fmt: skip
                 samples[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"round {round_no + 1}/{rounds} done", file=sys.stderr)
-    finally:
-        server.terminate()
-        server.wait()
-        port_file.unlink(missing_ok=True)
     bare = statistics.median(s["rps"] for s in samples["bare"])
     workload = "stream of 100 SSE events" if args.stream else "small JSON completion"
     print(f"aiohttp, {workload}, {args.concurrency} in flight, {seconds:g} s x {rounds} rounds")
