@@ -62,16 +62,17 @@ class Probe:
 
 
 class AllConnecting:
-    """Set once every request has begun opening its connection (a client's hook counts them:
-    aiohttp's ``on_connection_create_start``, httpcore's ``connect_tcp.started``)."""
+    """Set once ``expected`` requests have begun opening their connection (a client's hook
+    counts them: aiohttp's ``on_connection_create_start``, httpcore's ``connect_tcp.started``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, expected: int = REQUESTS) -> None:
+        self.expected = expected
         self.count = 0
         self.event = asyncio.Event()
 
     async def one_more(self, *_: Any) -> None:
         self.count += 1
-        if self.count == REQUESTS:
+        if self.count == self.expected:
             self.event.set()
 
     async def trace(self, name: str, info: dict[str, Any]) -> None:
@@ -162,16 +163,26 @@ def check_attempt(
     return found
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_stall_while_connecting_is_the_programs_lag(telemetry: Telemetry, kind: str) -> None:
-    """The server's TLS answer (after 0.1 s) and the TCP connects arrive during a 0.3 s stall:
-    the set-up phases end after it, and the stall is charged to them."""
-    delay, stall = 0.1, 0.3
+def stalled_while_connecting(
+    telemetry: Telemetry, kind: str, delay: float, stall: float
+) -> tuple[list[ReadableSpan], float]:
+    """REQUESTS requests with ``kind`` to ``mock-server --tls --tls-delay delay``, the loop
+    stalled ``stall`` s as they connect: their request spans (all of them, checked), and the
+    longest stall a loaded machine added besides."""
     with mock_server("--tls", "--tls-delay", str(delay), "--ttfb", "0.01", "--tokens", "1") as mock:
         assert mock.ca_file is not None
         longest = run(kind, requests_while_stalled(kind, mock.url, mock.ca_file, stall))
     attempts = telemetry.attempts()
     assert len(attempts) == REQUESTS
+    return attempts, longest
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stall_while_connecting_is_the_programs_lag(telemetry: Telemetry, kind: str) -> None:
+    """The server's TLS answer (after 0.1 s) and the TCP connects arrive during a 0.3 s stall:
+    the set-up phases end after it, and the stall is charged to them."""
+    delay, stall = 0.1, 0.3
+    attempts, longest = stalled_while_connecting(telemetry, kind, delay, stall)
     for attempt in attempts:
         found = check_attempt(telemetry, attempt)
         set_up = sum(found[name][0] for name in SET_UP if name in found)
@@ -195,11 +206,7 @@ def test_a_stall_that_ends_before_the_answer_delays_nothing(
     """The server's TLS answer comes 0.6 s after the ClientHello, long after a 0.15 s stall
     that began while the connections opened: the handshake's time is the network's."""
     delay, stall = 0.6, 0.15
-    with mock_server("--tls", "--tls-delay", str(delay), "--ttfb", "0.01", "--tokens", "1") as mock:
-        assert mock.ca_file is not None
-        longest = run(kind, requests_while_stalled(kind, mock.url, mock.ca_file, stall))
-    attempts = telemetry.attempts()
-    assert len(attempts) == REQUESTS
+    attempts, longest = stalled_while_connecting(telemetry, kind, delay, stall)
     for attempt in attempts:
         found = check_attempt(telemetry, attempt)
         tls, tls_lag = found["tls"]
@@ -263,17 +270,9 @@ def test_a_stall_while_waiting_is_the_programs_lag(telemetry: Telemetry, kind: s
 async def queued_behind_a_stall(url: str, ca_file: str, stall: float, requests: int) -> None:
     """``requests`` aiohttp requests through a pool of two connections; the loop is blocked for
     ``stall`` s while the first two are opening theirs and the rest wait for one."""
-    connecting = asyncio.Event()
-    opened = 0
-
-    async def one_more(*_: Any) -> None:
-        nonlocal opened
-        opened += 1
-        if opened == 2:
-            connecting.set()
-
+    connecting = AllConnecting(expected=2)
     trace = aiohttp.TraceConfig()
-    trace.on_connection_create_start.append(one_more)
+    trace.on_connection_create_start.append(connecting.one_more)
     context = ssl.create_default_context(cafile=ca_file)
     connector = aiohttp.TCPConnector(limit=2, ssl=context)
     async with aiohttp.ClientSession(connector=connector, trace_configs=[trace]) as session:
@@ -283,7 +282,7 @@ async def queued_behind_a_stall(url: str, ca_file: str, stall: float, requests: 
                 await response.read()
 
         async def stall_the_loop() -> None:
-            await connecting.wait()
+            await connecting.event.wait()
             await asyncio.sleep(0.01)  # the other requests are queued by now
             time.sleep(stall)  # noqa: ASYNC251 - the program's own stall under test
 
