@@ -243,7 +243,7 @@ class Emitter:
     def _emit(self, record: AttemptRecord, lag: Sequence[float] | None) -> None:
         timeline, span = record.timeline, record.span
         facts = read_facts(timeline, lag, self.captured_headers)
-        span.set_attributes(self._attributes(record, facts))
+        self._phase_writer.set_attributes(span, self._attributes(record, facts))
         ctx = set_span_in_context(span)
         error = timeline.error
         self._emit_phases(timeline, span, ctx, record.host, error, facts.phase_lags)
@@ -258,11 +258,12 @@ class Emitter:
         self._attempt_ends(record, facts.error_type, facts.retry_after)
 
     def _attributes(self, record: AttemptRecord, facts: AttemptFacts) -> dict[str, Any]:
-        """The request span's attributes known once the attempt has ended."""
+        """The request span's attributes known once the attempt has ended, each value as the
+        SDK keeps it (a header's values in a tuple: see ``PhaseSpanWriter.set_attributes``)."""
         timeline = record.timeline
         attributes: dict[str, Any] = {}
         for name, values in facts.headers.items():
-            attributes[self._header_attrs[name]] = values
+            attributes[self._header_attrs[name]] = tuple(values)
         if facts.status is not None:
             attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = facts.status
         if timeline.protocol_version:

@@ -9,9 +9,17 @@ sampled (a sampled parent is what a ParentBased sampler would follow). Span proc
 these spans in ``on_end`` only, not in ``on_start``. Otherwise, and for the phase that failed
 (it carries an exception event), the public API is used.
 
+The request span's attributes known at its end go the same way: ``Span.set_attributes`` checks
+and copies every value (each list into a tuple) through the SDK's attribute cleaning, about a
+tenth of what llm-latency adds to a request; the values the emitter builds are already in the
+form the cleaning produces, so they are written into the span's attribute mapping under its
+locks, when the span is the SDK's and the whole set fits its limits (no value-length limit, room
+for every attribute). Otherwise ``set_attributes`` is called.
+
 The direct path reads the SDK tracer's ``span_processor``, ``id_generator``, ``resource`` and
-``_instrumentation_scope``: it is taken only with an SDK release in the range CI tests
-(:data:`FAST_PATH_SDK`) that has all four, and only when the program has not turned it off
+``_instrumentation_scope``, and a span's ``_lock``, ``_end_time`` and ``_attributes``: it is
+taken only with an SDK release in the range CI tests (:data:`FAST_PATH_SDK`) that has the
+tracer's four, and only when the program has not turned it off
 (``instrument(phase_span_fast_path=False)``: for span processors that need ``on_start``).
 """
 
@@ -28,11 +36,13 @@ from llm_latency import semconv
 from llm_latency.timeline import PHASE_NAMES
 
 try:  # the SDK is a dependency, but the tracer in use may be another implementation's
+    from opentelemetry.attributes import BoundedAttributes
     from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace import Span as SdkSpan
     from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 except ImportError:  # pragma: no cover
-    SdkTracer = None  # type: ignore[assignment,misc]
+    SdkTracer = SdkSpan = BoundedAttributes = None  # type: ignore[assignment,misc]
     _SDK_VERSION = ""
 
 _INTERNAL = SpanKind.INTERNAL
@@ -128,6 +138,24 @@ class PhaseSpanWriter:
                 instrumentation_scope=tracer._instrumentation_scope,
             )
         )
+
+    def set_attributes(self, span: Span, attributes: dict[str, Any]) -> None:
+        """Add ``attributes`` to a recording span, as ``span.set_attributes`` would. Their
+        values must be as the SDK keeps them: str, bool, int, float, or tuples of those."""
+        if self._sdk and isinstance(span, SdkSpan):
+            sdk_span: Any = span
+            kept = sdk_span._attributes
+            if (
+                type(kept) is BoundedAttributes
+                and kept.max_value_len is None
+                and (kept.maxlen is None or len(kept) + len(attributes) <= kept.maxlen)
+            ):
+                with sdk_span._lock:
+                    if sdk_span._end_time is None:
+                        with kept._lock:
+                            kept._dict.update(attributes)
+                        return
+        span.set_attributes(attributes)
 
     def start(
         self, phase: int, attributes: Mapping[str, Any], context: Context, start_ns: int

@@ -220,19 +220,45 @@ def _tapped_function(
 ) -> Any:
     """``function`` observed by ``tap``, as a plain function with the original's name,
     signature and ``__wrapped__``: a ``method`` (set on a class) hands its first argument over
-    as the instance, a module's function None, as wrapt's proxy would."""
+    as the instance, a module's function None, as wrapt's proxy would. A method's tap (per
+    body chunk) is a closure of its own, with no choice left to make per call."""
     observe, argument = tap.observe, tap.argument
-    first = 1 if method else 0  # where the call's own arguments start
+
+    if method and argument is None:
+
+        def tapped_result(*args: Any, **kwargs: Any) -> Any:
+            result = function(*args, **kwargs)
+            if switch.on:
+                try:
+                    observe(args[0], result)
+                except Exception:
+                    report(where)
+            return result
+
+        return functools.update_wrapper(tapped_result, function)
+
+    if method and argument is not None:
+        parameter: str = argument
+
+        def tapped_argument(*args: Any, **kwargs: Any) -> Any:
+            result = function(*args, **kwargs)
+            if switch.on:
+                try:
+                    observe(args[0], args[1] if len(args) > 1 else kwargs[parameter])
+                except Exception:
+                    report(where)
+            return result
+
+        return functools.update_wrapper(tapped_argument, function)
 
     def tapped(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
         if switch.on:
             try:
-                instance = args[0] if method else None
                 if argument is None:
-                    observe(instance, result)
+                    observe(None, result)
                 else:
-                    observe(instance, args[first] if len(args) > first else kwargs[argument])
+                    observe(None, args[0] if args else kwargs[argument])
             except Exception:
                 report(where)
         return result
