@@ -237,3 +237,31 @@ async def test_server_processing_time_metric(telemetry: Telemetry, server: LLMSe
     assert point.count == 2
     assert point.sum == pytest.approx(0.2)
     assert dict(point.attributes) == {"server.address": "127.0.0.1"}
+
+
+async def test_the_request_duration_links_the_trace_the_server_time_does_not(
+    telemetry: Telemetry, server: LLMServer
+) -> None:
+    """The request duration's exemplar is the attempt's trace; the server's time, recorded for
+    the same attempt, carries none (its exemplar would cost a third of the record)."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url(wait=0.05)) as response:
+            await response.read()
+    (attempt,) = telemetry.attempts()
+    assert attempt.context is not None
+    # One collection: the SDK hands each exemplar over once.
+    data = telemetry.reader.get_metrics_data()
+    assert data is not None
+    points = {
+        metric.name: metric.data.data_points
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    (duration,) = points["http.client.request.duration"]
+    assert [(e.trace_id, e.span_id) for e in duration.exemplars] == [
+        (attempt.context.trace_id, attempt.context.span_id)
+    ]
+    (processing,) = points["llm_latency.server.processing_time"]
+    assert processing.count == 1
+    assert list(processing.exemplars) == []

@@ -1,6 +1,8 @@
 """The metrics of docs/telemetry.md, recorded once per finished attempt.
 
-Histograms go through the SDK on each attempt (they carry trace exemplars). Counters and the
+Histograms go through the SDK on each attempt (the request duration, the time to first chunk,
+the phases and the loop lag carry trace exemplars; the server's time does not, its attempt's
+trace is the request duration's exemplar). Counters and the
 rate-limit gauge are kept as in-process tallies and reported by observable instruments when the
 SDK collects: a sum or a last value read once per export interval is exactly what recording it
 on every attempt would export, at a fraction of the cost on the request path.
@@ -215,7 +217,9 @@ class AttemptMetrics:
         by_host = None
         if facts.server_processing is not None:
             by_host = {semconv.SERVER_ADDRESS: host}
-            self.server_processing.record(facts.server_processing, by_host, context)
+            # No trace context: the request duration's exemplar links the same trace, and the
+            # exemplar is about a third of an SDK record.
+            self.server_processing.record(facts.server_processing, by_host, _NO_TRACE)
         if facts.time_to_first_chunk is not None:
             by_host = by_host or {semconv.SERVER_ADDRESS: host}
             self.time_to_first_chunk.record(facts.time_to_first_chunk, by_host, context)
