@@ -11,7 +11,7 @@ import pytest
 from dirty_equals import IsFloat
 
 from tests.attributes import float_attr
-from tests.checks import SLACK
+from tests.checks import SLACK, histogram
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
 from tests.span_tree import phase_nodes, span_tree
@@ -258,10 +258,10 @@ async def test_the_request_duration_links_the_trace_the_server_time_does_not(
         for scope in resource.scope_metrics
         for metric in scope.metrics
     }
-    (duration,) = points["http.client.request.duration"]
+    duration = histogram(points["http.client.request.duration"][0])
     assert [(e.trace_id, e.span_id) for e in duration.exemplars] == [
         (attempt.context.trace_id, attempt.context.span_id)
     ]
-    (processing,) = points["llm_latency.server.processing_time"]
+    processing = histogram(points["llm_latency.server.processing_time"][0])
     assert processing.count == 1
     assert list(processing.exemplars) == []

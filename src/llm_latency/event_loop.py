@@ -62,22 +62,32 @@ ENDED_KEPT = 256
 _monitors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagMonitor] = (
     weakref.WeakKeyDictionary()
 )
+#: The monitor found last, with a weak reference to its loop: a program runs its attempts on
+#: one loop, and a weak dictionary's lookup makes a weak reference each time.
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopLagMonitor] | None = None
 
 
 def monitor_of_running_loop() -> LoopLagMonitor | None:
     """The monitor of the loop running in this thread (made at its first attempt), if any."""
+    global _last
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return None
+    last = _last
+    if last is not None and last[0]() is loop:
+        return last[1]
     monitor = _monitors.get(loop)
     if monitor is None:
         monitor = _monitors[loop] = LoopLagMonitor(loop)
+    _last = (monitor.loop, monitor)
     return monitor
 
 
 def stop_all() -> None:
     """Stop every monitor (the plugin is off): their timers are not rescheduled."""
+    global _last
+    _last = None
     for monitor in list(_monitors.values()):
         monitor.stop()
     _monitors.clear()
@@ -87,7 +97,8 @@ class LoopLagMonitor:
     """Measures when one event loop was busy, while attempts are in flight on it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = weakref.ref(loop)
+        #: A weak reference to the loop watched.
+        self.loop = weakref.ref(loop)
         self._in_flight = 0
         self._due_ns = 0
         self._handle: asyncio.TimerHandle | None = None
@@ -196,7 +207,7 @@ class LoopLagMonitor:
             self._handle = None
 
     def _schedule(self, now: int) -> None:
-        loop = self._loop()
+        loop = self.loop()
         if loop is None or loop.is_closed():
             self._handle = None
             return
