@@ -6,8 +6,12 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+import multidict
 import pytest
+import requests
+from urllib3 import HTTPHeaderDict
 
 from llm_latency import headers, providers
 from llm_latency.urls import route_template
@@ -100,6 +104,36 @@ def test_server_time_of_each_provider(found: dict[str, list[str]], seconds: floa
 )
 def test_retry_count_headers(value: str | bytes, count: int) -> None:
     assert headers.resend_count(value) == count
+
+
+@pytest.mark.parametrize(
+    "request_headers",
+    [
+        {"Content-Type": "application/json", "X-Stainless-Retry-Count": "2"},
+        requests.structures.CaseInsensitiveDict({"x-stainless-retry-count": "2", "Accept": "*/*"}),
+        multidict.CIMultiDict([("Accept", "*/*"), ("X-STAINLESS-RETRY-COUNT", "2")]),
+        {"amz-sdk-request": "attempt=3; max=5"},
+    ],
+    ids=["dict", "requests", "aiohttp", "botocore"],
+)
+def test_the_resend_count_of_request_headers_whatever_their_case(request_headers: Any) -> None:
+    assert headers.request_resend_count(request_headers) == 2
+    assert headers.request_resend_count({"Accept": "*/*"}) == 0
+
+
+def test_a_multidicts_wanted_headers_every_value_in_order() -> None:
+    received = HTTPHeaderDict()
+    for name, value in [
+        ("Content-Type", "application/json"),
+        ("X-Request-Id", "req_1"),
+        ("Retry-After", "1"),
+        ("x-request-id", "req_2"),
+    ]:
+        received.add(name, value)
+    wanted = frozenset({"x-request-id", "retry-after", "openai-processing-ms"})
+    pairs = headers.select_from_multidict(received, wanted)
+    assert pairs == [("X-Request-Id", "req_1"), ("X-Request-Id", "req_2"), ("Retry-After", "1")]
+    assert headers.select(pairs, wanted) == headers.select(list(received.items()), wanted)
 
 
 def test_reset_as_duration_or_as_anthropics_timestamp() -> None:

@@ -45,6 +45,7 @@ from typing import Any, Final
 
 from llm_latency.adapters._patching import SKIP
 from llm_latency.emitter import Emitter
+from llm_latency.headers import select_from_multidict
 from llm_latency.streams import counter_for
 from llm_latency.timeline import RECEIVE, Timeline
 
@@ -131,7 +132,11 @@ def response_begins(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         timeline.protocol_version = {10: "1.0", 11: "1.1", 20: "2"}[version]
     headers = argument(args, kwargs, 1, "headers")
     if headers is not None:
-        timeline.response_headers = list(headers.items())
+        timeline.response_headers = (
+            select_from_multidict(headers, attempt.emitter.captured_headers)
+            if hasattr(headers, "getlist")
+            else list(headers.items())
+        )
         timeline.stream = counter_for(headers.get("content-type"))
     return attempt, resp
 
