@@ -214,17 +214,12 @@ def parse_reset(value: str | None) -> float | None:
     return left if left >= 0 else None
 
 
-#: The retry-count request headers, lower-cased.
-_RETRY_COUNT_NAMES: Final = frozenset(RETRY_COUNT_HEADERS)
-
-
 def request_resend_count(request_headers: Any) -> int:
     """The resend count an SDK's retry-count header in ``request_headers`` gives (any mapping
-    of str names, compared case-insensitively), 0 when there is none. The names are walked
-    once: a lookup per absent name in requests' ``CaseInsensitiveDict`` raises and catches a
-    ``KeyError``."""
-    for name, value in request_headers.items():
-        if name.lower() in _RETRY_COUNT_NAMES:
+    with ``get``, case-insensitive where the client's is), 0 when there is none."""
+    for name in RETRY_COUNT_HEADERS:
+        value = request_headers.get(name)
+        if value is not None:
             return resend_count(value)
     return 0
 
