@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import ssl
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +16,6 @@ from opentelemetry.trace import StatusCode
 from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
-from llm_latency.adapters import requests as requests_adapter
 from llm_latency.testing import HandshakeDelay
 from tests.attributes import attributes, float_attr
 from tests.bad_servers import BlackHole
@@ -329,20 +326,3 @@ async def test_server_resets_mid_body(telemetry: Telemetry, server: LLMServer) -
     outcome = await compare(telemetry, lambda: in_thread(lambda: requests.get(url).content))
     assert outcome.kind is requests.exceptions.ChunkedEncodingError
     assert_failed(telemetry, "receive", "ProtocolError")
-
-
-def test_a_pooled_connections_peer_is_asked_once_per_socket() -> None:
-    """A pooled connection's peer address is read from its socket once, and again for a new
-    socket on the same connection (urllib3 reconnects a dropped one in place)."""
-    listeners = [socket.create_server((host, 0)) for host in ("127.0.0.1", "127.0.0.2")]
-    conn = types.SimpleNamespace()
-    try:
-        first = socket.create_connection(listeners[0].getsockname())
-        assert requests_adapter._pooled_peer(conn, first) == "127.0.0.1"
-        first.close()  # the system no longer knows its peer: the kept one is read
-        assert requests_adapter._pooled_peer(conn, first) == "127.0.0.1"
-        with socket.create_connection(listeners[1].getsockname()) as second:
-            assert requests_adapter._pooled_peer(conn, second) == "127.0.0.2"
-    finally:
-        for listener in listeners:
-            listener.close()

@@ -82,10 +82,6 @@ def _resend_count(retries: Any, headers: Any) -> int:
     return len(history) if history else request_resend_count(headers)
 
 
-#: Where a connection keeps its socket's peer address: ``(socket, address)``.
-_PEER = "_llm_latency_peer"
-
-
 def _full_url(pool: Any, url: str) -> str:
     if "://" in url:  # a proxy request carries the absolute URL
         return url
@@ -253,20 +249,8 @@ def _connection_taken(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     # attempt's, the connection is new.
     timeline.reused = sock is not None and timeline.bounds_of(CONNECT) is None
     if sock is not None:
-        timeline.peer_address = _pooled_peer(conn, sock)
+        timeline.peer_address = socket_peer(sock)
     return attempt  # urllib3 may retry after _make_request raises: the attempt ends then
-
-
-def _pooled_peer(conn: Any, sock: Any) -> str | None:
-    """The peer of a pooled connection's socket, asked of the system once per socket and kept
-    on the connection (a ``getpeername`` per request, otherwise)."""
-    kept = conn.__dict__.get(_PEER)
-    if kept is not None and kept[0] is sock:
-        return kept[1]  # type: ignore[no-any-return]
-    peer = socket_peer(sock)
-    if peer is not None:
-        conn.__dict__[_PEER] = (sock, peer)
-    return peer
 
 
 def _queued(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Timeline | None:
