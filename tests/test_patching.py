@@ -114,7 +114,7 @@ def test_per_chunk_hooks_are_plain_functions() -> None:
             return timeline
 
         timeline = asyncio.run(feed_one())
-        assert (timeline.chunks, timeline.bytes_received) == (1, 10)
+        assert timeline.chunks == 1 and timeline.first_chunk_ns == timeline.last_chunk_ns > 0
     finally:
         llm_latency.uninstrument()
     assert vars(StreamReader)["feed_data"] is original  # taken out at uninstrument

@@ -48,7 +48,6 @@ class Timeline:
     __slots__ = (
         "_bounds",
         "_current",
-        "bytes_received",
         "chunks",
         "client",
         "end_ns",
@@ -100,7 +99,6 @@ class Timeline:
         self.last_chunk_ns = 0
         self.max_gap_ns = 0
         self.chunks = 0
-        self.bytes_received = 0
         #: Each interval between two body chunks (ns), when the emitter asks for them (the
         #: opt-in time-per-output-chunk histogram); None otherwise.
         self.gaps: list[int] | None = None
@@ -148,12 +146,17 @@ class Timeline:
             self._current = -1
 
     def bounds_of(self, phase: int) -> tuple[int, int] | None:
-        """``(start, end)`` of a phase that happened, else None. An open phase ends at the end."""
+        """``(start, end)`` of a phase that happened, else None. An open phase ends at the end;
+        no phase reaches past the end (a hook still running in the program's thread as another
+        thread ends the attempt, at uninstrument, records its instant after the end)."""
         i = 2 * phase
         start = self._bounds[i]
         if not start:
             return None
         end = self._bounds[i + 1] or self.end_ns or start
+        closed = self.end_ns
+        if closed:
+            start, end = min(start, closed), min(end, closed)
         return start, max(end, start)
 
     @property
@@ -187,7 +190,6 @@ class Timeline:
             self.first_chunk_ns = now
         self.last_chunk_ns = now
         self.chunks += 1
-        self.bytes_received += len(data)
         stream = self.stream
         if stream is not None:
             stream.feed(data)
