@@ -10,6 +10,8 @@ rotating order, medians:
   the same chunks iterated bare;
 - aiohttp: ``StreamReader.feed_data`` with llm-latency's hook and the stream watched, against
   the same call un-hooked;
+- requests: urllib3's ``HTTPResponse._raw_read`` (a read of the body from the socket) with
+  llm-latency's hook and the response's attempt, against the same call un-hooked;
 - the parts: ``Timeline.chunk`` alone, and SSE counting alone.
 
     python bench/per_chunk.py
@@ -106,6 +108,39 @@ def aiohttp_paths() -> dict[str, Callable[[int], None]]:
     return {"aiohttp bare": bare, "aiohttp llm-latency": watched}
 
 
+def requests_paths() -> dict[str, Callable[[int], None]]:
+    import io
+
+    from urllib3 import HTTPResponse
+
+    from llm_latency import emitter
+    from llm_latency.adapters._urllib3_attempt import ATTEMPT, Attempt
+    from llm_latency.sse import SSECounter
+    from llm_latency.timeline import Timeline
+
+    def response(n: int) -> Any:
+        return HTTPResponse(io.BytesIO(CHUNK * n), preload_content=False, decode_content=False)
+
+    def bare(n: int) -> None:
+        # The method as urllib3 defines it, whether or not llm-latency's hook is on the class.
+        resp = response(n)
+        raw_read = getattr(HTTPResponse._raw_read, "__wrapped__", HTTPResponse._raw_read)
+        for _ in range(n):
+            raw_read(resp, len(CHUNK))
+
+    def watched(n: int) -> None:
+        resp = response(n)
+        attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
+        attempt.stream = SSECounter()
+        assert emitter.active is not None
+        resp.__dict__[ATTEMPT] = Attempt(attempt, emitter.active)
+        raw_read = resp._raw_read
+        for _ in range(n):
+            raw_read(len(CHUNK))
+
+    return {"requests bare": bare, "requests llm-latency": watched}
+
+
 def part_paths() -> dict[str, Callable[[int], None]]:
     from llm_latency.sse import SSECounter
     from llm_latency.timeline import Timeline
@@ -145,14 +180,15 @@ def main() -> None:
     import llm_latency
 
     paths = {**httpcore_paths(), **part_paths()}
-    # The aiohttp hook is llm-latency's own, installed as in a program (instrument()).
+    # The aiohttp and urllib3 hooks are llm-latency's own, installed as in a program.
     llm_latency.instrument(
         tracer_provider=TracerProvider(),
         meter_provider=MeterProvider(),
-        clients=["aiohttp"],
+        clients=["aiohttp", "requests"],
         configure=False,
     )
     paths.update(aiohttp_paths())
+    paths.update(requests_paths())
 
     results: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)
@@ -166,6 +202,7 @@ def main() -> None:
     pairs = {
         "httpx/httpx2 llm-latency": "httpx/httpx2 bare",
         "aiohttp llm-latency": "aiohttp bare",
+        "requests llm-latency": "requests bare",
         "Timeline.chunk": "loop alone",
         "SSE counting": "loop alone",
     }
