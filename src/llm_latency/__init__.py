@@ -59,7 +59,9 @@ def instrument(
             as finished spans (about 3 µs each instead of 15). Span processors then see them
             in ``on_end`` only, and the sampler and span limits are not asked (a sampled
             request span is what a ParentBased sampler follows). False sends every phase span
-            through the public API, for processors that need ``on_start``.
+            through the public API, for processors that need ``on_start``, and the request
+            span's end attributes through ``set_attributes`` (by default they are written into
+            the SDK span directly when they fit its limits).
         phase_metrics: the phases ``llm_latency.phase.duration`` records in-process.
             ``"setup"``: queue (when the attempt waited), dns, connect and tls, whose presence
             is itself the news; send, wait and receive are on the phase spans, and the
