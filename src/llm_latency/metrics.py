@@ -2,10 +2,10 @@
 
 Histograms go through the SDK on each attempt (the request duration, the time to first chunk,
 the phases and the loop lag carry trace exemplars; the server's time does not, its attempt's
-trace is the request duration's exemplar). Counters and the
-rate-limit gauge are kept as in-process tallies and reported by observable instruments when the
-SDK collects: a sum or a last value read once per export interval is exactly what recording it
-on every attempt would export, at a fraction of the cost on the request path.
+trace is the request duration's exemplar). Counters and the rate-limit gauge are kept as
+in-process tallies and reported by observable instruments when the SDK collects: a sum or a
+last value read once per export interval is exactly what recording it on every attempt would
+export, at a fraction of the cost on the request path.
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ class SSECounter:
             and data.find(b"\n\n\n") < 0
         ):
             # Several whole events, each ending in a blank line that is exactly "\n\n". Every
-            # "\n\n" ends one; the run carried before the chunk is
-            # complete, and the chunk's last one is carried until content follows.
+            # "\n\n" ends one; the run carried before the chunk is complete, and the chunk's
+            # last one is carried until content follows.
             completed = data.count(b"\n\n") - 1
             if tail and self._had_content and tail not in _SINGLE_TERMINATORS:
                 completed += 1
