@@ -4,8 +4,6 @@ set CI tests (constraints/oldest.txt) at the lower bounds the wheel claims."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import zipfile
 from email.message import Message
 from email.parser import Parser
@@ -14,6 +12,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+
+from tests.wheel_build import build_wheel
 
 # One worker builds the wheel (two builds at once would share the source tree's build/).
 pytestmark = pytest.mark.xdist_group("wheel")
@@ -31,14 +31,7 @@ CORE = {
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
-        check=True,
-        timeout=300,
-    )
-    (built,) = out.glob("llm_latency-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.command_line import mock_server
+from tests.wheel_build import build_wheel
 
 # One worker builds the wheel (two builds at once would share the source tree's build/).
 pytestmark = pytest.mark.xdist_group("wheel")
@@ -38,12 +39,7 @@ def quick_start_program() -> str:
 
 
 def test_the_wheel_in_a_fresh_environment_runs_the_quick_start(tmp_path: Path) -> None:
-    dist = tmp_path / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)],
-        check=True, timeout=300,
-    )  # fmt: skip
-    (wheel,) = dist.glob("llm_latency-*.whl")
+    wheel = build_wheel(tmp_path / "dist")
     fresh = tmp_path / "fresh"
     venv.create(fresh, with_pip=False)
     python = fresh / "bin" / "python"
