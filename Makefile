@@ -51,7 +51,9 @@ ifeq ($(TYPECHECK),yes)
 	$(VENV)/bin/mypy
 endif
 
-# The suite waits on real servers and subprocesses more than it computes: three workers.
+# The suite waits on real servers and subprocesses more than it computes: three workers. Tests
+# marked xdist_group (the wheel builds, the timing tests) run on one worker each group: --dist
+# loadgroup (tests/conftest.py fails them where pytest-xdist does not group them).
 PYTEST_WORKERS ?= 3
 
 # Prometheus 3 for the created-timestamp test (Debian 12 has 2.42), unpacked from Debian's archive.

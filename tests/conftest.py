@@ -199,3 +199,29 @@ async def server() -> AsyncIterator[LLMServer]:
 async def tls_server(server_ssl: ssl.SSLContext) -> AsyncIterator[LLMServer]:
     async with llm_server(ssl_context=server_ssl) as s:
         yield s
+
+
+#: Set on a test marked ``xdist_group`` that pytest-xdist did not group (see below).
+_UNGROUPED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (``make test``), a test marked ``xdist_group`` must carry its
+    group in its node id, where pytest-xdist reads it (after xdist's own hook, in each worker):
+    otherwise the group's tests run at once on several workers, silently (pytest-xdist#1386,
+    with pytest 9.2's structured node ids). Such a test fails, saying so."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
+            item.stash[_UNGROUPED] = True
+
+
+@pytest.fixture(autouse=True)
+def _grouped_as_marked(request: pytest.FixtureRequest) -> None:
+    if request.node.stash.get(_UNGROUPED, False):
+        pytest.fail(
+            "pytest-xdist did not group this test (--dist loadgroup): the tests marked "
+            "xdist_group would run at once on several workers; see pyproject.toml's pytest range"
+        )
