@@ -215,16 +215,17 @@ def _tap_wrapper(tap: Tap, where: str, report: FaultReporter, switch: _Switch) -
     return wrapper
 
 
-def _tapped_function(
-    function: Any, tap: Tap, method: bool, where: str, report: FaultReporter, switch: _Switch
+def _tapped_method(
+    function: Any, tap: Tap, where: str, report: FaultReporter, switch: _Switch
 ) -> Any:
-    """``function`` observed by ``tap``, as a plain function with the original's name,
-    signature and ``__wrapped__``: a ``method`` (set on a class) hands its first argument over
-    as the instance, a module's function None, as wrapt's proxy would. A method's tap (per
-    body chunk) is a closure of its own, with no choice left to make per call."""
+    """The plain function ``function``, set on a class, observed by ``tap``: a plain function
+    with the original's name, signature and ``__wrapped__`` that hands its first argument over
+    as the instance, as wrapt's proxy would. A closure of its own per kind of tap (it runs per
+    body chunk), with no choice left to make per call. A module's function gets the generic
+    :func:`_tap_wrapper` through :func:`_plain_function`."""
     observe, argument = tap.observe, tap.argument
 
-    if method and argument is None:
+    if argument is None:
 
         def tapped_result(*args: Any, **kwargs: Any) -> Any:
             result = function(*args, **kwargs)
@@ -237,33 +238,18 @@ def _tapped_function(
 
         return functools.update_wrapper(tapped_result, function)
 
-    if method and argument is not None:
-        parameter: str = argument
+    parameter: str = argument
 
-        def tapped_argument(*args: Any, **kwargs: Any) -> Any:
-            result = function(*args, **kwargs)
-            if switch.on:
-                try:
-                    observe(args[0], args[1] if len(args) > 1 else kwargs[parameter])
-                except Exception:
-                    report(where)
-            return result
-
-        return functools.update_wrapper(tapped_argument, function)
-
-    def tapped(*args: Any, **kwargs: Any) -> Any:
+    def tapped_argument(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
         if switch.on:
             try:
-                if argument is None:
-                    observe(None, result)
-                else:
-                    observe(None, args[0] if args else kwargs[argument])
+                observe(args[0], args[1] if len(args) > 1 else kwargs[parameter])
             except Exception:
                 report(where)
         return result
 
-    return functools.update_wrapper(tapped, function)
+    return functools.update_wrapper(tapped_argument, function)
 
 
 def _plain_function(function: Any, wrap: Any, method: bool) -> Any:
@@ -438,8 +424,8 @@ class PatchSet:
         function = getattr(target, "__func__", target)  # staticmethod: its function
         wrapper: Any
         method = inspect.isclass(owner)
-        if isinstance(hook, Tap) and inspect.isfunction(target):
-            wrapper = _tapped_function(target, hook, method, where, self._report, self._switch)
+        if isinstance(hook, Tap) and method and inspect.isfunction(target):
+            wrapper = _tapped_method(target, hook, where, self._report, self._switch)
         else:
             if isinstance(hook, Tap):
                 wrap = _tap_wrapper(hook, where, self._report, self._switch)
