@@ -42,7 +42,7 @@ async def idle_cpu(in_flight: bool) -> float:
     await asyncio.sleep(SECONDS)
     used = time.process_time() - start
     if in_flight:
-        monitor.attempt_ended([None])
+        monitor.phase_delays(lambda phase: None, 1)
     monitor.stop()
     return used
 
@@ -73,7 +73,7 @@ async def pair_cost() -> float:
     start = time.process_time()
     for _ in range(PAIRS):
         monitor.attempt_started()
-        monitor.attempt_ended(windows)
+        monitor.phase_delays(windows.__getitem__, len(windows))
     used = time.process_time() - start
     monitor.stop()
     return used / PAIRS

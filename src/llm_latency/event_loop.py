@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from llm_latency.clock import clock_ns
 from llm_latency.timeline import QUEUE
@@ -113,13 +113,6 @@ class LoopLagMonitor:
         self._in_flight += 1
         if self._handle is None and not self._stopped:
             self._schedule(clock_ns())
-
-    def attempt_ended(self, windows: Sequence[tuple[int, int] | None]) -> list[int]:
-        """An attempt ends: for each of ``windows`` (its phases, as ``Timeline.bounds_of`` gives
-        them, indexed like ``PHASE_NAMES``; None for one that did not happen), how long (ns) the
-        busy loop delayed the phase's end (see :meth:`phase_delays`)."""
-        delays = self.phase_delays(windows.__getitem__, len(windows))
-        return [0] * len(windows) if delays is None else delays
 
     def phase_delays(
         self, bounds_of: Callable[[int], tuple[int, int] | None], phases: int
