@@ -10,7 +10,7 @@ rotating order, medians:
   the same chunks iterated bare;
 - aiohttp: ``StreamReader.feed_data`` with llm-latency's hook and the stream watched, against
   the same call un-hooked;
-- requests: urllib3's ``HTTPResponse._raw_read`` (a read of the body from the socket) with
+- requests: urllib3's ``HTTPResponse._fp_read`` (a read of the body from the socket) with
   llm-latency's hook and the response's attempt, against the same call un-hooked;
 - the parts: ``Timeline.chunk`` alone, and SSE counting alone.
 
@@ -124,9 +124,9 @@ def requests_paths() -> dict[str, Callable[[int], None]]:
     def bare(n: int) -> None:
         # The method as urllib3 defines it, whether or not llm-latency's hook is on the class.
         resp = response(n)
-        raw_read = getattr(HTTPResponse._raw_read, "__wrapped__", HTTPResponse._raw_read)
+        fp_read = getattr(HTTPResponse._fp_read, "__wrapped__", HTTPResponse._fp_read)
         for _ in range(n):
-            raw_read(resp, len(CHUNK))
+            fp_read(resp, len(CHUNK))
 
     def watched(n: int) -> None:
         resp = response(n)
@@ -134,9 +134,9 @@ def requests_paths() -> dict[str, Callable[[int], None]]:
         attempt.stream = SSECounter()
         assert emitter.active is not None
         resp.__dict__[ATTEMPT] = Attempt(attempt, emitter.active)
-        raw_read = resp._raw_read
+        fp_read = resp._fp_read
         for _ in range(n):
-            raw_read(len(CHUNK))
+            fp_read(len(CHUNK))
 
     return {"requests bare": bare, "requests llm-latency": watched}
 

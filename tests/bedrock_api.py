@@ -26,6 +26,15 @@ TOKENS = ["Hello", ",", " world", "!"]
 TOKEN_GAP = 0.02
 #: What the server says it spent on each request (x-amzn-bedrock-invocation-latency, ms).
 INVOCATION_LATENCY_MS = 42
+#: The prompt's tokens the server reports (the answer's are len(TOKENS)).
+INPUT_TOKENS = 3
+#: What InvokeModel's streams end with, inside the last chunk's payload, as Bedrock sends it.
+INVOCATION_METRICS = {
+    "inputTokenCount": INPUT_TOKENS,
+    "outputTokenCount": len(TOKENS),
+    "invocationLatency": INVOCATION_LATENCY_MS,
+    "firstByteLatency": 10,
+}
 #: ConverseStream's events for TOKENS: messageStart, a delta per token, contentBlockStop,
 #: messageStop and metadata.
 CONVERSE_STREAM_EVENTS = len(TOKENS) + 4
@@ -85,7 +94,11 @@ def converse_stream_events() -> list[bytes]:
         event_message(
             "metadata",
             {
-                "usage": {"inputTokens": 3, "outputTokens": len(TOKENS), "totalTokens": 7},
+                "usage": {
+                    "inputTokens": INPUT_TOKENS,
+                    "outputTokens": len(TOKENS),
+                    "totalTokens": INPUT_TOKENS + len(TOKENS),
+                },
                 "metrics": {"latencyMs": INVOCATION_LATENCY_MS},
             },
         ),
@@ -97,22 +110,31 @@ def invoke_stream_events() -> list[bytes]:
     """InvokeModelWithResponseStream's ``chunk`` messages: one per token, each a base64
     JSON document as the model wrote it."""
     return [
-        event_message(
-            "chunk",
-            {"bytes": base64.b64encode(json.dumps({"text": token}).encode()).decode()},
-        )
-        for token in TOKENS
+        event_message("chunk", {"bytes": base64.b64encode(json.dumps(part).encode()).decode()})
+        for part in invoke_stream_parts()
     ]
 
 
-def _headers(server: BedrockServer) -> dict[str, str]:
+def invoke_stream_parts() -> list[dict[str, Any]]:
+    """The JSON documents of InvokeModelWithResponseStream's chunks: the last carries
+    ``amazon-bedrock-invocationMetrics``."""
+    parts: list[dict[str, Any]] = [{"text": token} for token in TOKENS]
+    parts[-1]["amazon-bedrock-invocationMetrics"] = INVOCATION_METRICS
+    return parts
+
+
+def _headers(server: BedrockServer, token_counts: bool = False) -> dict[str, str]:
+    """The response headers; ``token_counts``: InvokeModel's, which count the tokens (a stream's
+    headers cannot, and Converse counts them in its body)."""
     server.served += 1
-    return {
+    headers = {
         "x-amzn-requestid": f"req-bedrock-{server.served}",
         "x-amzn-bedrock-invocation-latency": str(INVOCATION_LATENCY_MS),
-        "x-amzn-bedrock-input-token-count": "3",
-        "x-amzn-bedrock-output-token-count": str(len(TOKENS)),
     }
+    if token_counts:
+        headers["x-amzn-bedrock-input-token-count"] = str(INPUT_TOKENS)
+        headers["x-amzn-bedrock-output-token-count"] = str(len(TOKENS))
+    return headers
 
 
 async def _receive(request: web.Request) -> web.Response | None:
@@ -144,7 +166,11 @@ async def _converse(request: web.Request) -> web.StreamResponse:
         {
             "output": {"message": {"role": "assistant", "content": [{"text": "".join(TOKENS)}]}},
             "stopReason": "end_turn",
-            "usage": {"inputTokens": 3, "outputTokens": len(TOKENS), "totalTokens": 7},
+            "usage": {
+                "inputTokens": INPUT_TOKENS,
+                "outputTokens": len(TOKENS),
+                "totalTokens": INPUT_TOKENS + len(TOKENS),
+            },
             "metrics": {"latencyMs": INVOCATION_LATENCY_MS},
         },
         headers=_headers(request.app[SERVER]),
@@ -154,7 +180,8 @@ async def _converse(request: web.Request) -> web.StreamResponse:
 async def _invoke(request: web.Request) -> web.StreamResponse:
     if (failure := await _receive(request)) is not None:
         return failure
-    return web.json_response({"text": "".join(TOKENS)}, headers=_headers(request.app[SERVER]))
+    headers = _headers(request.app[SERVER], token_counts=True)
+    return web.json_response({"text": "".join(TOKENS)}, headers=headers)
 
 
 async def _stream(request: web.Request, events: list[bytes]) -> web.StreamResponse:

@@ -17,6 +17,8 @@ from aiohttp import web
 WAIT = 0.05  # server "processing" before the headers
 TOKENS = ["Hello", ",", " world", "!"]
 TOKEN_GAP = 0.02
+#: The prompt's tokens the server reports (the answer's are len(TOKENS)).
+PROMPT_TOKENS = 3
 
 
 @dataclass
@@ -84,7 +86,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
             {**base, "object": "chat.completion",
              "choices": [{"index": 0, "finish_reason": "stop",
                           "message": {"role": "assistant", "content": "".join(TOKENS)}}],
-             "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
+             "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": len(TOKENS),
+                       "total_tokens": PROMPT_TOKENS + len(TOKENS)}},
             headers=_openai_headers(),
         )  # fmt: skip
     response = web.StreamResponse(headers=_openai_headers())
@@ -115,11 +118,12 @@ async def _messages(request: web.Request) -> web.StreamResponse:
         return failure
     message = {"id": "msg_1", "type": "message", "role": "assistant",
                "model": body.get("model", "claude-test"), "stop_reason": None,
-               "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 0}}  # fmt: skip
+               "stop_sequence": None, "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": 0}}  # fmt: skip
     if not body.get("stream"):
         return web.json_response(
             {**message, "content": [{"type": "text", "text": "".join(TOKENS)}],
-             "stop_reason": "end_turn", "usage": {"input_tokens": 3, "output_tokens": 4}},
+             "stop_reason": "end_turn",
+             "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": len(TOKENS)}},
             headers=_anthropic_headers(),
         )  # fmt: skip
     events: list[tuple[str, dict[str, Any]]] = [
@@ -130,7 +134,7 @@ async def _messages(request: web.Request) -> web.StreamResponse:
                                    "delta": {"type": "text_delta", "text": t}}) for t in TOKENS],
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
         ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
-                           "stop_sequence": None}, "usage": {"output_tokens": 4}}),
+                           "stop_sequence": None}, "usage": {"output_tokens": len(TOKENS)}}),
         ("message_stop", {"type": "message_stop"}),
     ]  # fmt: skip
     response = web.StreamResponse(headers=_anthropic_headers())

@@ -62,6 +62,9 @@ async def test_streamed_completion_facts(telemetry: Telemetry, server: LLMServer
                 "llm_latency.network_overhead": IsFloat(ge=0),
                 "llm_latency.server.processing_time": 0.2,
                 "llm_latency.stream.events": 6,  # five deltas and [DONE]
+                # Its first delta's content, and no usage: OpenAI's without include_usage.
+                "llm_latency.time_to_first_token": IsFloat(),
+                "llm_latency.usage.unknown": True,
                 "llm_latency.stream.max_gap": IsFloat(),
                 "llm_latency.stream.mean_interval": IsFloat(),
                 "llm_latency.stream.chunk_rate": IsFloat(),

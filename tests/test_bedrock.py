@@ -24,12 +24,14 @@ from opentelemetry.trace import SpanKind, StatusCode
 import llm_latency
 from tests.bedrock_api import (
     CONVERSE_STREAM_EVENTS,
+    INPUT_TOKENS,
     INVOCATION_LATENCY_MS,
     TOKEN_GAP,
     TOKENS,
     WAIT,
     BedrockServer,
     bedrock_server,
+    invoke_stream_parts,
 )
 from tests.checks import EARLY, OBSERVED_LATE
 from tests.conftest import Telemetry, seconds
@@ -113,13 +115,44 @@ def returned(result: tuple[Any, ...]) -> dict[str, Any]:
     return value
 
 
-def the_call(telemetry: Telemetry, name: str, attempts: int = 1) -> ReadableSpan:
-    """The one logical parent span llm-latency opened for the call: a root, INTERNAL."""
+#: What an answer's spans say of its tokens: the server's own counts.
+COUNTED = {
+    "gen_ai.provider.name": "aws.bedrock",
+    "gen_ai.usage.input_tokens": INPUT_TOKENS,
+    "gen_ai.usage.output_tokens": len(TOKENS),
+}
+#: An answer not streamed: the server's time per output token is an upper bound.
+ANSWERED = {
+    **COUNTED,
+    "llm_latency.server.time_per_output_token_max": pytest.approx(
+        INVOCATION_LATENCY_MS / 1000 / len(TOKENS)
+    ),
+}
+#: A stream read to its end: its first token and time per token, measured.
+STREAMED = {
+    **COUNTED,
+    "llm_latency.time_to_first_token": IsFloat(ge=WAIT - EARLY),
+    "llm_latency.time_per_output_token": IsFloat(ge=TOKEN_GAP - EARLY),
+}
+
+
+def the_call(
+    telemetry: Telemetry, name: str, answer: dict[str, Any], attempts: int = 1
+) -> ReadableSpan:
+    """The one logical parent span llm-latency opened for the call: a root, INTERNAL, with the
+    ``answer``'s token attributes (those of its attempt that answered)."""
     call = by_name(telemetry, name)
     assert call.parent is None
     assert call.kind is SpanKind.INTERNAL
-    assert attrs(call) == {"llm_latency.sdk": "botocore", "llm_latency.attempts": attempts}
+    expected = {"llm_latency.sdk": "botocore", "llm_latency.attempts": attempts, **answer}
+    assert attrs(call) == expected
     return call
+
+
+def assert_answer(attempt: ReadableSpan, answer: dict[str, Any]) -> None:
+    """The attempt that answered carries the same token attributes as its call."""
+    found = attrs(attempt)
+    assert {name: found[name] for name in answer if name in found} == answer
 
 
 def assert_attempt(
@@ -166,9 +199,10 @@ async def test_converse(telemetry: Telemetry, bedrock: BedrockServer) -> None:
 
     response = returned(await without_and_with(telemetry, work))
     assert response["output"]["message"]["content"] == [{"text": "".join(TOKENS)}]
-    call = the_call(telemetry, "bedrock-runtime Converse")
+    call = the_call(telemetry, "bedrock-runtime Converse", ANSWERED)
     (attempt,) = children(telemetry, call)
     assert_attempt(telemetry, attempt, "converse", response)
+    assert_answer(attempt, ANSWERED)
 
 
 async def test_converse_stream_read_to_the_end(
@@ -185,10 +219,11 @@ async def test_converse_stream_read_to_the_end(
         if "contentBlockDelta" in e
     ]
     assert deltas == TOKENS
-    call = the_call(telemetry, "bedrock-runtime ConverseStream")
+    call = the_call(telemetry, "bedrock-runtime ConverseStream", STREAMED)
     (attempt,) = children(telemetry, call)
     assert_attempt(telemetry, attempt, "converse-stream", response)
     assert_stream(telemetry, call, attempt, CONVERSE_STREAM_EVENTS)
+    assert_answer(attempt, STREAMED)
 
 
 async def test_converse_stream_closed_early(telemetry: Telemetry, bedrock: BedrockServer) -> None:
@@ -202,8 +237,8 @@ async def test_converse_stream_closed_early(telemetry: Telemetry, bedrock: Bedro
     response = returned(await without_and_with(telemetry, work))
     assert response["stream"] == [{"messageStart": {"role": "assistant"}}]
     # without_and_with checked that every span ended, once: the attempt at the close, and the
-    # call with it.
-    call = the_call(telemetry, "bedrock-runtime ConverseStream")
+    # call with it. Closed after messageStart: no token came, and no usage.
+    call = the_call(telemetry, "bedrock-runtime ConverseStream", {})
     (attempt,) = children(telemetry, call)
     assert_attempt(telemetry, attempt, "converse-stream", response)
     assert 1 <= attrs(attempt)["llm_latency.stream.events"] < CONVERSE_STREAM_EVENTS
@@ -219,9 +254,10 @@ async def test_invoke_model(telemetry: Telemetry, bedrock: BedrockServer) -> Non
 
     response = returned(await without_and_with(telemetry, work))
     assert response["body"] == {"text": "".join(TOKENS)}
-    call = the_call(telemetry, "bedrock-runtime InvokeModel")
+    call = the_call(telemetry, "bedrock-runtime InvokeModel", ANSWERED)
     (attempt,) = children(telemetry, call)
     assert_attempt(telemetry, attempt, "invoke", response)
+    assert_answer(attempt, ANSWERED)  # from the token-count headers
     # The body is read after invoke_model returned: the call lasts until then.
     assert (call.end_time or 0) >= (attempt.end_time or 0)
 
@@ -236,11 +272,13 @@ async def test_invoke_model_with_response_stream(
         return {**response, "body": [json.loads(e["chunk"]["bytes"]) for e in response["body"]]}
 
     response = returned(await without_and_with(telemetry, work))
-    assert response["body"] == [{"text": token} for token in TOKENS]
-    call = the_call(telemetry, "bedrock-runtime InvokeModelWithResponseStream")
+    assert response["body"] == invoke_stream_parts()
+    call = the_call(telemetry, "bedrock-runtime InvokeModelWithResponseStream", STREAMED)
     (attempt,) = children(telemetry, call)
     assert_attempt(telemetry, attempt, "invoke-with-response-stream", response)
     assert_stream(telemetry, call, attempt, len(TOKENS))
+    # From the base64 payloads: the first token's, and the invocation metrics' counts.
+    assert_answer(attempt, STREAMED)
 
 
 # -- botocore's retries ---------------------------------------------------------------------------
@@ -258,7 +296,7 @@ async def test_throttling_retries_grouped_under_the_call(
 
     response = returned(await without_and_with(telemetry, work))
     assert response["ResponseMetadata"]["RetryAttempts"] == 2
-    call = the_call(telemetry, "bedrock-runtime Converse", attempts=3)
+    call = the_call(telemetry, "bedrock-runtime Converse", ANSWERED, attempts=3)
     assert_attempts_and_waits(telemetry, call, ["429", "429"])
 
     def attempt(resend: int, answer: dict[str, Any]) -> dict[str, Any]:
@@ -291,9 +329,8 @@ async def test_throttling_retries_grouped_under_the_call(
     backoff = {"name": "retry.backoff", "kind": "INTERNAL",
                "attributes": {"llm_latency.backoff.reason": "429"}}  # fmt: skip
     answered = {
-        "http.response.header.x-amzn-bedrock-input-token-count": ["3"],
+        **ANSWERED,
         "http.response.header.x-amzn-bedrock-invocation-latency": ["42"],
-        "http.response.header.x-amzn-bedrock-output-token-count": ["4"],
         "http.response.header.x-amzn-requestid": [response["ResponseMetadata"]["RequestId"]],
         "http.response.status_code": 200,
         "llm_latency.network_overhead": IsFloat(ge=0),
@@ -304,7 +341,7 @@ async def test_throttling_retries_grouped_under_the_call(
         {
             "name": "bedrock-runtime Converse",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "botocore"},
+            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "botocore", **ANSWERED},
             "children": [
                 attempt(0, throttled),
                 backoff,
@@ -345,7 +382,7 @@ async def test_bedrock_agent_runtime_calls_get_a_parent(
         )
 
     response = returned(await without_and_with(telemetry, work))
-    call = the_call(telemetry, "bedrock-agent-runtime Retrieve")
+    call = the_call(telemetry, "bedrock-agent-runtime Retrieve", {})
     (attempt,) = children(telemetry, call)
     request_id = response["ResponseMetadata"]["RequestId"]
     assert attrs(attempt)["http.response.header.x-amzn-requestid"] == (request_id,)

@@ -84,10 +84,13 @@ def test_the_metrics_table_is_every_instrument_the_emitter_creates() -> None:
             shown_unit = shown.split(",")[1].split()[0].strip("`")
             assert shown_unit == unit, (name, shown)
         snake = name.replace(".", "_")
-        # Prometheus drops annotation units ({retry}); seconds and counters get suffixes.
+        # Prometheus drops annotation units ({retry}); seconds and counters get suffixes, and a
+        # histogram is its series (_bucket, _sum, _count).
         prometheus = snake
         if unit == "s":
             prometheus += "_seconds_*"
+        elif kind == "histogram":
+            prometheus += "_*"
         elif kind == "counter":
             prometheus += "_total"
         assert names(rows[name][3]) == [prometheus], (name, rows[name][3])
@@ -100,7 +103,12 @@ def test_the_phase_table_is_the_phases_of_the_code() -> None:
 
 
 async def test_the_attribute_table_names_what_a_real_call_records(telemetry: Telemetry) -> None:
-    documented = [name for row in table("\n## The span model\n") for name in names(row[0])]
+    documented = [
+        name
+        for after in ("\n## The span model\n", "\n### Tokens and the server's share\n")
+        for row in table(after)
+        for name in names(row[0])
+    ]
     known = semconv_names()
     for name in documented:
         assert name in known or name == "http.response.header.<name>", name

@@ -53,6 +53,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.event_loop",
         "llm_latency.timeline",
         "llm_latency.streams",
+        "llm_latency.tokens",
+        "llm_latency.usage",
         "llm_latency.sse",
         "llm_latency.semconv",
         "llm_latency.headers",

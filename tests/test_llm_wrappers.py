@@ -202,12 +202,23 @@ async def test_litellm_completion(
     # The request id the program's answer carries is the one on the span.
     sent = answers[-1]._hidden_params["additional_headers"]["llm_provider-x-request-id"]
     lag: dict[str, Any] = {"llm_latency.event_loop.lag": IsFloat()} if is_async else {}
+    # The tokens on the spans are the ones the program's answer counts (the mock's).
+    usage = answers[-1].usage
+    tokens = {
+        "gen_ai.response.model": "gpt-test",
+        "gen_ai.usage.input_tokens": usage.prompt_tokens,
+        "gen_ai.usage.output_tokens": usage.completion_tokens,
+        "gen_ai.usage.cache_read.input_tokens": 0,
+        "gen_ai.usage.reasoning.output_tokens": 0,
+        "llm_latency.server.time_per_output_token_max": IsFloat(gt=0),
+    }
     # One logical parent, the litellm call, and no openai SDK span beneath it.
     expected: list[dict[str, Any]] = [
         {
             "name": "litellm acompletion" if is_async else "litellm completion",
             "kind": "INTERNAL",
             "attributes": {
+                **tokens,
                 "gen_ai.operation.name": "chat",
                 "gen_ai.request.model": "openai/gpt-test",
                 "llm_latency.attempts": 1,
@@ -219,6 +230,7 @@ async def test_litellm_completion(
                     "kind": "CLIENT",
                     "attributes": {
                         **lag,
+                        **tokens,
                         **post_to("/v1/chat/completions"),
                         "http.response.header.openai-model": ["mock-gpt"],
                         "http.response.header.openai-processing-ms": [IsStr(regex=r"\d+")],

@@ -26,6 +26,8 @@ MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say h
 CLAUDE_MESSAGES: list[MessageParam] = [{"role": "user", "content": "Say hello."}]
 OLLAMA_MESSAGES: list[Mapping[str, Any]] = [{"role": "user", "content": "Say hello."}]
 TOKENS = 5
+#: "Say hello.": the mock counts a prompt's words as its tokens.
+PROMPT = 2
 EXPECTED = "".join(f"token{i} " for i in range(TOKENS))
 EARLY = 0.005  # a timer may fire this much before its deadline (the bounds are lower bounds)
 
@@ -70,8 +72,8 @@ async def test_openai_stream_ends_with_finish_reason_and_usage(server: RunningSe
     assert finish == [None] * TOKENS + ["stop"]
     *before, last = chunks
     assert last.choices == [] and last.usage is not None  # the usage chunk comes last
-    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (8, TOKENS)
-    assert last.usage.total_tokens == 8 + TOKENS
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (PROMPT, TOKENS)
+    assert last.usage.total_tokens == PROMPT + TOKENS
     assert all(c.usage is None for c in before)
 
 
@@ -203,7 +205,7 @@ async def test_anthropic_create_has_stop_reason_usage_and_request_id(
     assert message.stop_reason == "end_turn"
     assert [block.type for block in message.content] == ["text"]
     assert message.content[0].text == EXPECTED  # type: ignore[union-attr]
-    assert (message.usage.input_tokens, message.usage.output_tokens) == (8, TOKENS)
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (PROMPT, TOKENS)
 
 
 async def test_anthropic_stream_events_reach_the_sdk(server: RunningServer) -> None:
@@ -242,7 +244,7 @@ async def test_anthropic_messages_stream_helper_builds_the_final_message() -> No
         elapsed = time.monotonic() - started
     assert first_text == "token0 " and "".join(texts) == EXPECTED
     assert final.stop_reason == "end_turn"
-    assert final.usage.output_tokens == TOKENS and final.usage.input_tokens == 8
+    assert final.usage.output_tokens == TOKENS and final.usage.input_tokens == PROMPT
     assert request_id.startswith("req_")
     assert elapsed >= 0.2 + 4 * 0.01 - EARLY  # the time to the first byte, then four gaps
 
@@ -294,7 +296,7 @@ async def test_ollama_chat_stream_ends_with_the_done_line(server: RunningServer)
     assert "".join(part.message.content or "" for part in parts) == EXPECTED
     assert all(part.message.role == "assistant" and part.model == "llama3.2" for part in parts)
     assert last.done and last.done_reason == "stop"
-    assert (last.prompt_eval_count, last.eval_count) == (8, TOKENS)
+    assert (last.prompt_eval_count, last.eval_count) == (PROMPT, TOKENS)
     assert last.total_duration is not None and last.eval_duration is not None
     assert last.total_duration >= (0.05 + 4 * 0.005 - EARLY) * 1e9  # measured, in nanoseconds
     assert last.total_duration >= last.eval_duration + (last.prompt_eval_duration or 0)

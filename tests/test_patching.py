@@ -97,7 +97,7 @@ def test_per_chunk_hooks_are_plain_functions() -> None:
     telemetry = Telemetry()
     telemetry.instrument()
     try:
-        for owner, name in [(StreamReader, "feed_data"), (HTTPResponse, "_raw_read")]:
+        for owner, name in [(StreamReader, "feed_data"), (HTTPResponse, "_fp_read")]:
             hook = vars(owner)[name]
             assert isinstance(hook, types.FunctionType), (owner, name, hook)
             assert not isinstance(hook, wrapt.ObjectProxy)

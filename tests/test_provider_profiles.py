@@ -145,6 +145,14 @@ def test_reset_as_duration_or_as_anthropics_timestamp() -> None:
     assert headers.parse_reset("tomorrow") is None
 
 
+def tokens(profile: providers.ProviderProfile) -> str:
+    """Where a profile's answers say their tokens and the server's split of its time."""
+    said = [f"`{key}`" for key, _ in profile.usage_fields]
+    said += [f"`{header}`" for header, _ in profile.usage_headers]
+    said += [f"`{header}` ({part})" for header, part, _ in profile.server_split_headers]
+    return ", ".join(said) or "none"
+
+
 def providers_table() -> str:
     """docs/providers.md's table, as the profiles give it."""
 
@@ -152,8 +160,8 @@ def providers_table() -> str:
         return ", ".join(f"`{item}`" for item in items) or "none"
 
     rows = [
-        "| provider | routes (span names) | request id | server time | rate limits | retry count | streams |",
-        "|---|---|---|---|---|---|---|",
+        "| provider | routes (span names) | request id | server time | rate limits | retry count | streams | tokens and the server's split |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in providers.PROFILES:
         routes = sorted({route.template.replace("\\1", "{version}") for route in p.routes})
@@ -171,6 +179,7 @@ def providers_table() -> str:
                     names(name for name, _ in p.ratelimit_remaining),
                     names([p.retry_count_header] if p.retry_count_header else []),
                     names(dict.fromkeys(kind for _, kind in p.stream_types)),
+                    tokens(p),
                 ]
             )
             + " |"

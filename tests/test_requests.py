@@ -153,6 +153,9 @@ async def test_streamed_response(telemetry: Telemetry, server: LLMServer) -> Non
                 "llm_latency.connection.reused": False,
                 "llm_latency.server.processing_time": 0.2,
                 "llm_latency.stream.events": 6,  # five deltas and [DONE]
+                # Its first delta's content, and no usage: OpenAI's without include_usage.
+                "llm_latency.time_to_first_token": IsFloat(),
+                "llm_latency.usage.unknown": True,
                 "llm_latency.stream.max_gap": IsFloat(),
                 "llm_latency.stream.mean_interval": IsFloat(),
                 "llm_latency.stream.chunk_rate": IsFloat(),

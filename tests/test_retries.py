@@ -21,7 +21,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
 from tests.conftest import Telemetry, seconds
-from tests.provider_api import ProviderServer, provider_server
+from tests.provider_api import PROMPT_TOKENS, TOKENS, ProviderServer, provider_server
 from tests.servers import LLMServer
 from tests.span_tree import phase_nodes, span_tree
 
@@ -179,6 +179,19 @@ PROVIDER_SERVED = {
     "llm_latency.network_overhead": IsFloat(ge=0),
     "llm_latency.server.processing_time": 0.05,
 }
+
+
+def provider_tokens(model: str) -> dict[str, Any]:
+    """What the provider's chat completion says of its tokens (on the attempt that answered and
+    on llm-latency's span of the call)."""
+    return {
+        "gen_ai.response.model": model,
+        "gen_ai.usage.input_tokens": PROMPT_TOKENS,
+        "gen_ai.usage.output_tokens": len(TOKENS),
+        "llm_latency.server.time_per_output_token_max": pytest.approx(0.05 / len(TOKENS)),
+    }
+
+
 #: An attempt made on an event loop carries the loop's lag.
 LAG = {"llm_latency.event_loop.lag": IsFloat()}
 NEW_CONNECTION = phase_nodes("connect", "send", "wait", "receive")
@@ -217,7 +230,11 @@ async def test_openai_retries_grouped_under_one_parent(
         {
             "name": "openai POST /chat/completions",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "openai"},
+            "attributes": {
+                **provider_tokens("m"),
+                "llm_latency.attempts": 3,
+                "llm_latency.sdk": "openai",
+            },
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
@@ -264,6 +281,7 @@ async def test_openai_retries_grouped_under_one_parent(
                     "attributes": {
                         **openai_at,
                         **PROVIDER_SERVED,
+                        **provider_tokens("m"),
                         "http.request.resend_count": 2,
                         "http.response.status_code": 200,
                         "llm_latency.connection.reused": True,
@@ -327,6 +345,7 @@ async def test_genai_span_is_the_parent_when_present(
                     "attributes": {
                         **openai_at,
                         **PROVIDER_SERVED,
+                        **provider_tokens("gpt-test"),
                         "http.request.resend_count": 1,
                         "http.response.status_code": 200,
                         "llm_latency.connection.reused": True,

@@ -17,7 +17,14 @@ from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tests.conftest import Telemetry, seconds
-from tests.provider_api import TOKEN_GAP, TOKENS, WAIT, ProviderServer, provider_server
+from tests.provider_api import (
+    PROMPT_TOKENS,
+    TOKEN_GAP,
+    TOKENS,
+    WAIT,
+    ProviderServer,
+    provider_server,
+)
 from tests.span_tree import phase_nodes, span_tree
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -79,6 +86,31 @@ ANTHROPIC_ANSWER = {
     "http.response.header.x-ratelimit-remaining-requests": ["49"],
     "http.response.status_code": 200,
 }
+#: What an answer's spans (the attempt's and the call's) say of its tokens: the server's
+#: counts, its model, and the times measured.
+OPENAI_TOKENS = {
+    "gen_ai.response.model": "gpt-test",
+    "gen_ai.usage.input_tokens": PROMPT_TOKENS,
+    "gen_ai.usage.output_tokens": len(TOKENS),
+    "llm_latency.server.time_per_output_token_max": pytest.approx(WAIT / len(TOKENS)),
+}
+#: A stream without include_usage: its first token is seen, its token count is unknown.
+OPENAI_STREAM_TOKENS = {
+    "gen_ai.response.model": "gpt-test",
+    "llm_latency.time_to_first_token": IsFloat(ge=WAIT - 0.005),
+    "llm_latency.usage.unknown": True,
+}
+ANTHROPIC_TOKENS = {
+    "gen_ai.provider.name": "anthropic",
+    "gen_ai.response.model": "claude-test",
+    "gen_ai.usage.input_tokens": PROMPT_TOKENS,
+    "gen_ai.usage.output_tokens": len(TOKENS),
+}
+ANTHROPIC_STREAM_TOKENS = {
+    **ANTHROPIC_TOKENS,
+    "llm_latency.time_to_first_token": IsFloat(ge=WAIT - 0.005),
+    "llm_latency.time_per_output_token": IsFloat(ge=TOKEN_GAP - 0.005),
+}
 #: What the provider's 429 adds to its attempt, for either SDK.
 RATE_LIMITED = {
     "error.type": "429",
@@ -128,7 +160,7 @@ async def test_openai_chat_completion(
         {
             "name": "openai POST /chat/completions",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 1, "llm_latency.sdk": "openai"},
+            "attributes": {**OPENAI_TOKENS, "llm_latency.attempts": 1, "llm_latency.sdk": "openai"},
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
@@ -136,6 +168,7 @@ async def test_openai_chat_completion(
                     "attributes": {
                         **post_to("/v1/chat/completions"),
                         **OPENAI_ANSWER,
+                        **OPENAI_TOKENS,
                         **event_loop_lag(is_async),
                         "llm_latency.connection.reused": False,
                     },
@@ -169,7 +202,11 @@ async def test_openai_streamed_completion(
         {
             "name": "openai POST /chat/completions",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 1, "llm_latency.sdk": "openai"},
+            "attributes": {
+                **OPENAI_STREAM_TOKENS,
+                "llm_latency.attempts": 1,
+                "llm_latency.sdk": "openai",
+            },
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
@@ -177,6 +214,7 @@ async def test_openai_streamed_completion(
                     "attributes": {
                         **post_to("/v1/chat/completions"),
                         **OPENAI_ANSWER,
+                        **OPENAI_STREAM_TOKENS,
                         **event_loop_lag(is_async),
                         "gen_ai.response.time_to_first_chunk": IsFloat(),
                         "llm_latency.connection.reused": False,
@@ -218,7 +256,7 @@ async def test_openai_retry_after_429(
         {
             "name": "openai POST /chat/completions",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 2, "llm_latency.sdk": "openai"},
+            "attributes": {**OPENAI_TOKENS, "llm_latency.attempts": 2, "llm_latency.sdk": "openai"},
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
@@ -258,6 +296,7 @@ async def test_openai_retry_after_429(
                         "http.request.method": "POST",
                         "http.request.resend_count": 1,
                         "http.response.header.openai-model": ["gpt-test"],
+                        **OPENAI_TOKENS,
                         "http.response.header.openai-processing-ms": ["50"],
                         "http.response.header.x-ratelimit-limit-requests": ["100"],
                         "http.response.header.x-ratelimit-remaining-requests": ["99"],
@@ -302,7 +341,11 @@ async def test_anthropic_messages(
         {
             "name": "anthropic POST /v1/messages",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 1, "llm_latency.sdk": "anthropic"},
+            "attributes": {
+                **ANTHROPIC_TOKENS,
+                "llm_latency.attempts": 1,
+                "llm_latency.sdk": "anthropic",
+            },
             "children": [
                 {
                     "name": "POST /v1/messages",
@@ -310,6 +353,7 @@ async def test_anthropic_messages(
                     "attributes": {
                         **post_to("/v1/messages"),
                         **ANTHROPIC_ANSWER,
+                        **ANTHROPIC_TOKENS,
                         **event_loop_lag(is_async),
                         "llm_latency.connection.reused": False,
                     },
@@ -343,7 +387,11 @@ async def test_anthropic_streamed_message(
         {
             "name": "anthropic POST /v1/messages",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 1, "llm_latency.sdk": "anthropic"},
+            "attributes": {
+                **ANTHROPIC_STREAM_TOKENS,
+                "llm_latency.attempts": 1,
+                "llm_latency.sdk": "anthropic",
+            },
             "children": [
                 {
                     "name": "POST /v1/messages",
@@ -351,6 +399,7 @@ async def test_anthropic_streamed_message(
                     "attributes": {
                         **post_to("/v1/messages"),
                         **ANTHROPIC_ANSWER,
+                        **ANTHROPIC_STREAM_TOKENS,
                         **event_loop_lag(is_async),
                         "gen_ai.response.time_to_first_chunk": IsFloat(),
                         "llm_latency.connection.reused": False,
@@ -381,7 +430,11 @@ async def test_anthropic_retry_after_429(telemetry: Telemetry, provider: Provide
         {
             "name": "anthropic POST /v1/messages",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "anthropic"},
+            "attributes": {
+                **ANTHROPIC_TOKENS,
+                "llm_latency.attempts": 3,
+                "llm_latency.sdk": "anthropic",
+            },
             "children": [
                 {
                     "name": "POST /v1/messages",
@@ -414,6 +467,7 @@ async def test_anthropic_retry_after_429(telemetry: Telemetry, provider: Provide
                     "attributes": {
                         **post_to("/v1/messages"),
                         **ANTHROPIC_ANSWER,
+                        **ANTHROPIC_TOKENS,
                         **lag,
                         "http.request.resend_count": 2,
                         "llm_latency.connection.reused": True,
@@ -443,7 +497,7 @@ async def test_openai_aiohttp_backend_one_span_per_attempt(
         {
             "name": "openai POST /chat/completions",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 2, "llm_latency.sdk": "openai"},
+            "attributes": {**OPENAI_TOKENS, "llm_latency.attempts": 2, "llm_latency.sdk": "openai"},
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
@@ -463,6 +517,7 @@ async def test_openai_aiohttp_backend_one_span_per_attempt(
                     "attributes": {
                         **post_to("/v1/chat/completions"),
                         **OPENAI_ANSWER,
+                        **OPENAI_TOKENS,
                         **lag,
                         "http.request.resend_count": 1,
                         "llm_latency.connection.reused": True,

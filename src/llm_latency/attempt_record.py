@@ -31,6 +31,7 @@ class AttemptRecord:
         "port",
         "resend_count",
         "span",
+        "template",
         "timeline",
     )
 
@@ -43,6 +44,7 @@ class AttemptRecord:
         port: int | None,
         resend_count: int,
         call: LogicalCall | None,
+        template: str | None = None,
     ) -> None:
         self.timeline = timeline
         #: The request span.
@@ -56,5 +58,7 @@ class AttemptRecord:
         self.resend_count = resend_count
         #: The logical call this attempt belongs to, if any.
         self.call = call
+        #: ``url.template``: the known LLM route the attempt went to, if any.
+        self.template = template
         #: The monitor of the event loop the attempt runs on (async clients), until it ends.
         self.loop_monitor: LoopLagMonitor | None = None

@@ -184,4 +184,6 @@ def _end_call(call: LogicalCall) -> None:
     span = call.span
     if span is not None and span.is_recording():
         span.set_attribute(semconv.ATTEMPTS, call.attempts)
+        if call.answer:
+            span.set_attributes(call.answer)
         span.end()

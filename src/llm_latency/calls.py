@@ -35,6 +35,7 @@ class LogicalCall:
         "_last_retry_after",
         "_open_attempts",
         "_returned",
+        "answer",
         "attempts",
         "last_host",
         "numbers_attempts",
@@ -55,6 +56,9 @@ class LogicalCall:
         self.numbers_attempts = numbers_attempts
         #: Attempts started so far.
         self.attempts = 0
+        #: The GenAI attributes (model, usage, time to first token) of the latest attempt
+        #: that carried an answer: the call's span gets them when it ends.
+        self.answer: dict[str, Any] | None = None
         #: The host of the latest attempt that ended.
         self.last_host = ""
         self._helper_attempt = 0

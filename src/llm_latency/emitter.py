@@ -31,7 +31,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.http import sanitize_method
 
-from llm_latency import headers, semconv
+from llm_latency import headers, providers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
@@ -136,6 +136,7 @@ class Emitter:
             attributes[semconv.SERVER_PORT] = port
         if template is not None:
             attributes[semconv.URL_TEMPLATE] = template
+            timeline.llm_route = True
         if timeline.client:
             attributes[semconv.CLIENT] = timeline.client
         name = (
@@ -153,7 +154,7 @@ class Emitter:
             links=links,
             start_time=timeline.epoch_start_ns,
         )
-        record = AttemptRecord(timeline, span, known, host, port, resend_count, call)
+        record = AttemptRecord(timeline, span, known, host, port, resend_count, call, template)
         if self.time_per_output_chunk:
             timeline.gaps = []
         self._open[timeline] = record
@@ -243,7 +244,14 @@ class Emitter:
     def _emit(self, record: AttemptRecord, lag: Sequence[float] | None) -> None:
         timeline, span = record.timeline, record.span
         facts = read_facts(timeline, lag, self.captured_headers)
-        self._phase_writer.set_attributes(span, self._attributes(record, facts))
+        attributes = self._attributes(record, facts)
+        answer = None
+        if facts.usage is not None or facts.time_to_first_token is not None:
+            answer = token_attributes(record, facts)
+            attributes.update(answer)
+            if record.call is not None:
+                record.call.answer = answer
+        self._phase_writer.set_attributes(span, attributes)
         ctx = set_span_in_context(span)
         error = timeline.error
         self._emit_phases(timeline, span, ctx, record.host, error, facts.phase_lags)
@@ -255,6 +263,8 @@ class Emitter:
             span.set_status(Status(StatusCode.ERROR))
         span.end(timeline.to_epoch_ns(timeline.end_ns))
         self.metrics.record(record, facts, ctx)
+        if answer is not None:
+            self.metrics.answer(record.host, facts, answer, ctx)
         self._attempt_ends(record, facts.error_type, facts.retry_after)
 
     def _attributes(self, record: AttemptRecord, facts: AttemptFacts) -> dict[str, Any]:
@@ -356,6 +366,40 @@ class Emitter:
         if not self._failure_logged:
             self._failure_logged = True
             _logger.exception("llm-latency: internal error in %s (logged once)", what)
+
+
+def token_attributes(record: AttemptRecord, facts: AttemptFacts) -> dict[str, Any]:
+    """The GenAI and token attributes of an attempt that carried an LLM answer: on its request
+    span, and on its logical call's span."""
+    attributes: dict[str, Any] = {}
+    usage = facts.usage
+    provider = providers.provider_name(record.host, record.template)
+    if provider is not None:
+        attributes[semconv.GEN_AI_PROVIDER_NAME] = provider
+    if usage is not None:
+        for name, value in (
+            (semconv.GEN_AI_RESPONSE_MODEL, usage.model),
+            (semconv.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens),
+            (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens),
+            (semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, usage.cache_read_tokens),
+            (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, usage.reasoning_tokens),
+            (semconv.SERVER_QUEUE_TIME, usage.queue_time),
+            (semconv.SERVER_PREFILL_TIME, usage.prefill_time),
+            (semconv.SERVER_DECODE_TIME, usage.decode_time),
+            (semconv.SERVER_GATEWAY_OVERHEAD, usage.gateway_overhead),
+        ):
+            if value is not None:
+                attributes[name] = value
+    if facts.usage_unknown:
+        attributes[semconv.USAGE_UNKNOWN] = True
+    for name, seconds in (
+        (semconv.TIME_TO_FIRST_TOKEN, facts.time_to_first_token),
+        (semconv.TIME_PER_OUTPUT_TOKEN, facts.time_per_output_token),
+        (semconv.SERVER_TIME_PER_OUTPUT_TOKEN_MAX, facts.server_time_per_output_token_max),
+    ):
+        if seconds is not None:
+            attributes[name] = seconds
+    return attributes
 
 
 def record_exception(span: Span, error: BaseException) -> None:

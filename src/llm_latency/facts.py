@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from llm_latency import headers
 from llm_latency.timeline import PHASE_NAMES, SEND, WAIT, Timeline
+from llm_latency.usage import Usage, read_usage
 
 
 def error_type(error: BaseException) -> str:
@@ -54,6 +55,40 @@ class AttemptFacts:
     stream_chunk_rate: float | None
     #: The wait the server asked for before a retry (``retry-after-ms``, ``retry-after``).
     retry_after: float | None
+    #: What the server said of the answer's tokens and its own time split; None when the
+    #: body was not an LLM answer or said nothing.
+    usage: Usage | None = None
+    #: Request start to the first event with generated content (s), streamed answers.
+    time_to_first_token: float | None = None
+    #: (stream end - first token) / (output tokens - 1), streamed answers with usage (s).
+    time_per_output_token: float | None = None
+    #: Server time / output tokens, answers not streamed: an upper bound (s).
+    server_time_per_output_token_max: float | None = None
+    #: A streamed answer with content and no usage (OpenAI without ``include_usage``).
+    usage_unknown: bool = False
+
+
+def token_facts(
+    timeline: Timeline, found: dict[str, list[str]], processing: float | None
+) -> tuple[Usage | None, float | None, float | None, float | None, bool]:
+    """Usage, time to first token, time per output token, the server's upper bound per output
+    token and whether a stream's usage is unknown, for an attempt whose body was watched."""
+    watch = timeline.body
+    if watch is None:
+        return None, None, None, None, False
+    usage = read_usage(watch, found)
+    output = usage.output_tokens
+    first_token = tpot = tpot_max = None
+    unknown = False
+    if watch.streamed:
+        if watch.first_token_ns:
+            first_token = (watch.first_token_ns - timeline.start_ns) / 1e9
+            unknown = output is None
+            if output is not None and output > 1 and timeline.last_chunk_ns:
+                tpot = (timeline.last_chunk_ns - watch.first_token_ns) / 1e9 / (output - 1)
+    elif output and processing is not None:
+        tpot_max = processing / output
+    return (None if usage.empty else usage), first_token, tpot, tpot_max, unknown
 
 
 def read_facts(
@@ -98,6 +133,8 @@ def read_facts(
         mean_interval = span_ns / 1e9 / (timeline.chunks - 1)
         chunk_rate = (timeline.chunks - 1) / (span_ns / 1e9) if span_ns > 0 else None
 
+    usage, first_token, tpot, tpot_max, unknown = token_facts(timeline, found, processing)
+
     status = timeline.status_code
     error = timeline.error
     kind: str | None = None
@@ -127,4 +164,9 @@ def read_facts(
         )
         if "retry-after-ms" in found or "retry-after" in found
         else None,
+        usage=usage,
+        time_to_first_token=first_token,
+        time_per_output_token=tpot,
+        server_time_per_output_token_max=tpot_max,
+        usage_unknown=unknown,
     )

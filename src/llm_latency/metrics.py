@@ -162,6 +162,19 @@ class AttemptMetrics:
             "provider's.",
             explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
         )
+        self.token_usage = meter.create_histogram(
+            semconv.GEN_AI_CLIENT_TOKEN_USAGE,
+            unit="{token}",
+            description="Tokens of an LLM call as the server reported them, by type.",
+            explicit_bucket_boundaries_advisory=semconv.TOKEN_USAGE_BUCKETS,
+        )
+        self.time_per_output_token = meter.create_histogram(
+            semconv.TIME_PER_OUTPUT_TOKEN,
+            unit="s",
+            description="Time per output token of a streamed LLM call: (stream end - first "
+            "token) / (output tokens - 1).",
+            explicit_bucket_boundaries_advisory=semconv.TOKEN_INTERVAL_BUCKETS,
+        )
         self.retries = _Tallies()
         self.rate_limited = _Tallies()
         self.connections = _Tallies()
@@ -251,6 +264,34 @@ class AttemptMetrics:
                 reset_header = headers.RATELIMIT_RESET_HEADERS[header]
                 reset = None if reset_header is None else headers.first(found, reset_header)
                 self.ratelimit(host, kind, remaining, headers.parse_reset(reset))
+
+    def answer(
+        self, host: str, facts: AttemptFacts, answer: Mapping[str, Any], context: Context
+    ) -> None:
+        """Record the tokens of an attempt that carried an LLM answer (at most one record per
+        token type) and its time per output token; ``answer``: its GenAI attributes."""
+        usage = facts.usage
+        if usage is None:
+            return
+        attributes: dict[str, Any] = {semconv.SERVER_ADDRESS: host}
+        model = answer.get(semconv.GEN_AI_RESPONSE_MODEL)
+        if model is not None:
+            attributes[semconv.GEN_AI_RESPONSE_MODEL] = model
+        tpot = facts.time_per_output_token
+        if tpot is not None:
+            self.time_per_output_token.record(tpot, attributes, context)
+        provider = answer.get(semconv.GEN_AI_PROVIDER_NAME)
+        if provider is not None:
+            attributes[semconv.GEN_AI_PROVIDER_NAME] = provider
+        # No trace context: the request duration's exemplar links the same trace.
+        for kind, count in (
+            (semconv.GEN_AI_TOKEN_TYPE_INPUT, usage.input_tokens),
+            (semconv.GEN_AI_TOKEN_TYPE_OUTPUT, usage.output_tokens),
+        ):
+            if count is not None:
+                self.token_usage.record(
+                    count, {**attributes, semconv.GEN_AI_TOKEN_TYPE: kind}, _NO_TRACE
+                )
 
     def retry(self, host: str, reason: str | None) -> None:
         """One attempt was retried, because of ``reason`` (a status code or an error type)."""

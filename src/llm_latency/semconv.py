@@ -1,7 +1,10 @@
 """Span, attribute and metric names: the product's contract (docs/telemetry.md lists them,
 tests/test_docs_tables.py checks the list).
 
-Stable HTTP and GenAI names come from ``opentelemetry-semantic-conventions``; the
+Stable HTTP names come from ``opentelemetry-semantic-conventions``. The GenAI names are
+written out here: that package documents its ``GEN_AI_*`` constants as deprecated (moved to the
+GenAI conventions project), and a release without them must not break ``import llm_latency``
+(tests/test_semconv.py checks the strings against the package while it still has them). The
 ``llm_latency.*`` names are this project's own.
 """
 
@@ -9,18 +12,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
-    GEN_AI_OPERATION_NAME,
-    GEN_AI_REQUEST_MODEL,
-    GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
-)
 from opentelemetry.semconv._incubating.attributes.http_attributes import (
     HTTP_CONNECTION_STATE,
     HttpConnectionStateValues,
-)
-from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
-    GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
-    GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
 )
 from opentelemetry.semconv._incubating.metrics.http_metrics import (
     HTTP_CLIENT_ACTIVE_REQUESTS,
@@ -46,11 +40,6 @@ from llm_latency.timeline import PHASE_NAMES
 
 __all__ = [
     "ERROR_TYPE",
-    "GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK",
-    "GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK",
-    "GEN_AI_OPERATION_NAME",
-    "GEN_AI_REQUEST_MODEL",
-    "GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK",
     "HTTP_CLIENT_ACTIVE_REQUESTS",
     "HTTP_CLIENT_CONNECTION_DURATION",
     "HTTP_CLIENT_OPEN_CONNECTIONS",
@@ -73,6 +62,43 @@ SCOPE_NAME: Final = "llm_latency"
 SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.37.0"
 
 URL_TEMPLATE: Final = "url.template"
+
+# -- GenAI (the strings of the GenAI semantic conventions) --------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+#: ``gen_ai.token.type`` values.
+GEN_AI_TOKEN_TYPE_INPUT: Final = "input"
+GEN_AI_TOKEN_TYPE_OUTPUT: Final = "output"
+GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
+GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK: Final = (
+    "gen_ai.client.operation.time_per_output_chunk"
+)
+#: The released conventions' token histogram (an unreleased version replaces it with counters:
+#: this constant and ``TOKEN_USAGE_BUCKETS`` are the one place to change).
+GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+
+# -- tokens and the server's share (no GenAI name: llm-latency's own) --------------------------
+#: True on a streamed answer that carried no usage (OpenAI without ``include_usage``).
+USAGE_UNKNOWN: Final = "llm_latency.usage.unknown"
+#: Request start to the first event carrying generated content (s).
+TIME_TO_FIRST_TOKEN: Final = "llm_latency.time_to_first_token"
+#: (stream end - first token) / (output tokens - 1), streamed answers (s).
+TIME_PER_OUTPUT_TOKEN: Final = "llm_latency.time_per_output_token"
+#: Server time / output tokens, answers not streamed: an upper bound (s).
+SERVER_TIME_PER_OUTPUT_TOKEN_MAX: Final = "llm_latency.server.time_per_output_token_max"
+SERVER_QUEUE_TIME: Final = "llm_latency.server.queue_time"
+SERVER_PREFILL_TIME: Final = "llm_latency.server.prefill_time"
+SERVER_DECODE_TIME: Final = "llm_latency.server.decode_time"
+#: A gateway's own share of the server time (LiteLLM proxy's overhead header).
+SERVER_GATEWAY_OVERHEAD: Final = "llm_latency.server.gateway_overhead"
 
 PHASE: Final = "llm_latency.phase"
 CONNECTION_REUSED: Final = "llm_latency.connection.reused"
@@ -119,6 +145,17 @@ DURATION_BUCKETS: Final[tuple[float, ...]] = (
 #: Intervals between stream chunks (s): tokens come every few milliseconds, stalls last seconds.
 CHUNK_INTERVAL_BUCKETS: Final[tuple[float, ...]] = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+#: Token counts: the GenAI conventions' advisory buckets for ``gen_ai.client.token.usage``.
+TOKEN_USAGE_BUCKETS: Final[tuple[float, ...]] = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+
+#: Time per output token (s): 1 ms (a small model on a fast server) to 1 s (a stalled one).
+TOKEN_INTERVAL_BUCKETS: Final[tuple[float, ...]] = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5,
+    1.0,
 )  # fmt: skip
 
 #: Connection lifetime buckets (s): from a connection closed after one request to hours of

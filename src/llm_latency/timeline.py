@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from llm_latency.clock import clock_ns as clock_ns  # importable from here too
+from llm_latency.streams import counter_for
+from llm_latency.tokens import BodyWatch, body_watch_for
 
 if TYPE_CHECKING:
     from llm_latency.streams import StreamCounter
@@ -48,6 +50,7 @@ class Timeline:
     __slots__ = (
         "_bounds",
         "_current",
+        "body",
         "chunks",
         "client",
         "end_ns",
@@ -58,6 +61,7 @@ class Timeline:
         "first_chunk_ns",
         "gaps",
         "last_chunk_ns",
+        "llm_route",
         "max_gap_ns",
         "method",
         "peer_address",
@@ -103,6 +107,11 @@ class Timeline:
         #: opt-in time-per-output-chunk histogram); None otherwise.
         self.gaps: list[int] | None = None
         self.stream: StreamCounter | None = None  # counts a streamed body's events
+        #: The request went to a known LLM route (the emitter says so as the attempt starts):
+        #: its body is watched for tokens.
+        self.llm_route = False
+        #: Watches an LLM answer's body for its first token and usage (``tokens``).
+        self.body: BodyWatch | None = None
         self.client = ""  # the client library, named by its adapter (llm_latency.client)
 
     # -- phases -------------------------------------------------------------------------------
@@ -175,6 +184,18 @@ class Timeline:
 
     # -- body ---------------------------------------------------------------------------------
 
+    def response_body(
+        self, content_type: str | bytes | None, content_encoding: str | bytes | None = None
+    ) -> None:
+        """The response's headers are in: count its stream's events, and on an LLM route
+        watch a JSON or streamed body for its tokens (a successful answer's only).
+        ``content_encoding``: the encoding of the chunks :meth:`chunk` will see (None when the
+        client decodes them first)."""
+        stream = self.stream = counter_for(content_type)
+        status = self.status_code
+        if self.llm_route and (status is None or status < 400):
+            self.body = body_watch_for(stream is not None, content_type, content_encoding)
+
     def chunk(self, data: bytes) -> None:
         """Record one body chunk as it arrives from the network (hot path: keep it cheap)."""
         now = clock_ns()
@@ -193,6 +214,12 @@ class Timeline:
         stream = self.stream
         if stream is not None:
             stream.feed(data)
+        body = self.body
+        if body is not None:
+            body.previous = body.last
+            body.last = data
+            if body.watching:
+                body.look(data, now)
 
     # -- end ----------------------------------------------------------------------------------
 

@@ -46,7 +46,6 @@ from typing import Any, Final
 from llm_latency.adapters._patching import SKIP
 from llm_latency.emitter import Emitter
 from llm_latency.headers import select_from_multidict
-from llm_latency.streams import counter_for
 from llm_latency.timeline import RECEIVE, Timeline
 
 #: The one attribute llm-latency sets on a response: its attempt.
@@ -137,7 +136,7 @@ def response_begins(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             if hasattr(headers, "getlist")
             else list(headers.items())
         )
-        timeline.stream = counter_for(headers.get("content-type"))
+        timeline.response_body(headers.get("content-type"), headers.get("content-encoding"))
     return attempt, resp
 
 

@@ -42,7 +42,6 @@ from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
 from llm_latency.headers import request_resend_count
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolRow
-from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import (
     CONNECT,
@@ -499,7 +498,8 @@ def _headers_received(attempt: Timeline, response: Any) -> None:
     if version is not None:
         attempt.protocol_version = f"{version.major}.{version.minor}"
     attempt.response_headers = response.raw_headers
-    attempt.stream = counter_for(response.headers.get("Content-Type"))
+    # aiohttp decompresses before the StreamReader, where the chunks are seen.
+    attempt.response_body(response.headers.get("Content-Type"))
     # Body bytes that came in the same reads as the headers are already buffered.
     for chunk in getattr(response.content, "_buffer", ()):
         attempt.chunk(chunk)

@@ -41,7 +41,6 @@ from llm_latency.adapters._resolver import connecting, peer_address, resolver_ho
 from llm_latency.emitter import Emitter
 from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolMetrics, PoolRow, limit_or_none
-from llm_latency.streams import counter_for
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, PROXY, QUEUE, RECEIVE, SEND, TLS, WAIT, Timeline
 
@@ -56,9 +55,10 @@ def _retry_count(headers: list[tuple[bytes, bytes]]) -> int:
     return 0
 
 
-def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+def _header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> bytes | None:
+    """The first value of the response header ``wanted`` (a lowercase name)."""
     for name, value in headers:
-        if name.lower() == b"content-type":
+        if name.lower() == wanted:
             return value
     return None
 
@@ -133,7 +133,8 @@ def _headers_received(attempt: Timeline, info: dict[str, Any]) -> None:
         attempt.protocol_version = "2"
     attempt.status_code = status
     attempt.response_headers = headers
-    attempt.stream = counter_for(_content_type(headers))
+    encoding = _header(headers, b"content-encoding") if attempt.llm_route else None
+    attempt.response_body(_header(headers, b"content-type"), encoding)
 
 
 _EVENTS: dict[str, Callable[[Timeline, dict[str, Any]], None]] = {

@@ -157,10 +157,13 @@ class RequestsAdapter:
         p.group("the proxy phase", [(CONNECTION, "_tunnel", phase_hook(PROXY, _handshaking))])
         p.group("the send and wait phases", [(CONNECTION, "request", Hook(_send_begins, _sent))])
         p.group("the connection pool", pool_hooks(self._emitter.pools))
+        # _fp_read, inside _raw_read's _error_catcher: a read that ends the body releases the
+        # connection (and ends the attempt) before _raw_read returns, so its bytes are seen
+        # here first (they hold a JSON answer's usage).
         chunk = Tap(chunk_read)
         p.group(
             "body chunk times",
-            [(_RESPONSE, "_raw_read", chunk), (_RESPONSE, "_handle_chunk", chunk)],
+            [(_RESPONSE, "_fp_read", chunk), (_RESPONSE, "_handle_chunk", chunk)],
         )
         self.lost.extend(resolver_hooks.acquire(self._emitter.failed_once))
         self._resolver_acquired = True

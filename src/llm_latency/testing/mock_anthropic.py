@@ -15,7 +15,6 @@ from typing import Any
 from aiohttp import web
 
 from llm_latency.testing.mock_common import (
-    PROMPT_TOKENS,
     Part,
     Turn,
     request_id,
@@ -57,9 +56,9 @@ def _error(kind: str, message: str, status: int, headers: dict[str, str]) -> web
     return web.json_response(body, status=status, headers=headers)
 
 
-def _usage(output_tokens: int) -> dict[str, Any]:
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
     return {
-        "input_tokens": PROMPT_TOKENS,
+        "input_tokens": input_tokens,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
         "output_tokens": output_tokens,
@@ -90,19 +89,21 @@ async def messages(request: web.Request) -> web.StreamResponse:
         message.update(
             content=[{"type": "text", "text": "".join(words)}],
             stop_reason="end_turn",
-            usage=_usage(len(words)),
+            usage=_usage(turn.input_tokens, len(words)),
         )
         return web.json_response(message, headers=headers(turn))
     response = web.StreamResponse(headers=headers(turn))
     response.content_type = "text/event-stream"
-    return await write_stream(request, response, turn, _events(message, words))
+    return await write_stream(request, response, turn, _events(message, words, turn.input_tokens))
 
 
-def _events(message: dict[str, Any], words: list[str]) -> list[tuple[Part, bool]]:
+def _events(
+    message: dict[str, Any], words: list[str], input_tokens: int
+) -> list[tuple[Part, bool]]:
     def event(kind: str, **fields: Any) -> bytes:
         return sse({"type": kind, **fields}, event=kind)
 
-    start = {**message, "usage": _usage(1)}
+    start = {**message, "usage": _usage(input_tokens, 1)}
     pieces: list[tuple[Part, bool]] = [
         (event("message_start", message=start), False),
         (event("content_block_start", index=0, content_block={"type": "text", "text": ""}), False),

@@ -20,7 +20,6 @@ from typing import Any
 from aiohttp import web
 
 from llm_latency.testing.mock_common import (
-    PROMPT_TOKENS,
     Part,
     Turn,
     rfc3339,
@@ -54,19 +53,20 @@ def _failure(turn: Turn) -> web.Response | None:
 
 
 def _final(turn: Turn, words: list[str]) -> dict[str, Any]:
-    """The statistics of the last object, measured: the prompt's evaluation is the time to the
-    first token, the rest of the time the generation."""
+    """The statistics of the last object, measured: the prompt's evaluation is the time from
+    the slot to the first token, the generation the time since."""
     total = int(turn.elapsed() * 1e9)
-    prompt = min(int(turn.profile.ttfb * 1e9), total)
+    prompt = int(turn.prefill_time * 1e9)
+    generation = int(max(total - int(turn.queue_time * 1e9) - prompt, 0))
     return {
         "done": True,
         "done_reason": "stop",
         "total_duration": total,
         "load_duration": 0,
-        "prompt_eval_count": PROMPT_TOKENS,
+        "prompt_eval_count": turn.input_tokens,
         "prompt_eval_duration": prompt,
         "eval_count": len(words),
-        "eval_duration": total - prompt,
+        "eval_duration": generation,
     }
 
 
@@ -87,7 +87,7 @@ async def _answer(request: web.Request, chat: bool) -> web.StreamResponse:
         return {**base, "response": text}
 
     def last(text: str) -> dict[str, Any]:
-        extra = {} if chat else {"context": list(range(PROMPT_TOKENS + len(words)))}
+        extra = {} if chat else {"context": list(range(turn.input_tokens + len(words)))}
         return {**piece(text), **_final(turn, words), **extra}
 
     if not stream:

@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 
 from llm_latency.testing.mock_common import (
-    PROMPT_TOKENS,
     Part,
     Turn,
     now_seconds,
@@ -70,11 +69,11 @@ def failure_response(turn: Turn) -> web.Response | None:
 
 
 def _usage(turn: Turn) -> dict[str, Any]:
-    tokens = turn.profile.tokens
+    tokens, prompt = turn.output_tokens, turn.input_tokens
     return {
-        "prompt_tokens": PROMPT_TOKENS,
+        "prompt_tokens": prompt,
         "completion_tokens": tokens,
-        "total_tokens": PROMPT_TOKENS + tokens,
+        "total_tokens": prompt + tokens,
         "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
         "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
     }

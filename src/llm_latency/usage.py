@@ -1,0 +1,128 @@
+"""The tokens of one answer, read once when its attempt ends: from the start and end of the body
+that :class:`~llm_latency.tokens.BodyWatch` kept, and from the providers' usage headers.
+
+No body is parsed as a whole: the usage fields of every provider (``providers.USAGE_FIELDS``)
+are found by one search over at most twice :data:`~llm_latency.tokens.EDGE_BYTES` bytes, the
+last value of a field winning (Anthropic's ``message_delta`` usage is cumulative; Gemini repeats
+its usage in every chunk). A count the server did not send stays None: nothing is estimated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from llm_latency import headers, providers
+from llm_latency.tokens import BodyWatch, base64_payloads
+
+_NUMBER: Final = rb"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+_FIELD: Final = re.compile(
+    rb'(?<!\\)"('
+    + b"|".join(re.escape(key.encode()) for key in providers.USAGE_FIELDS)
+    + rb')"\s*:\s*'
+    + _NUMBER
+)
+_MODEL: Final = re.compile(rb'(?<!\\)"(?:model|modelVersion)"\s*:\s*"([^"\\]{1,200})"')
+_KINDS: Final = {key.encode(): kind for key, kind in providers.USAGE_FIELDS.items()}
+#: Seconds per unit of the server-split fields.
+_SPLIT_FIELDS: Final = {
+    providers.QUEUE_SECONDS: (providers.QUEUE, 1.0),
+    providers.PREFILL_SECONDS: (providers.PREFILL, 1.0),
+    providers.DECODE_SECONDS: (providers.DECODE, 1.0),
+    providers.PREFILL_NANOSECONDS: (providers.PREFILL, 1e-9),
+    providers.DECODE_NANOSECONDS: (providers.DECODE, 1e-9),
+}
+_UNIT_SECONDS: Final = {providers.MILLISECONDS: 1e-3, providers.SECONDS: 1.0}
+
+
+@dataclass
+class Usage:
+    """What the server said of an answer's tokens and of its own time; None when not said."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    model: str | None = None
+    queue_time: float | None = None
+    prefill_time: float | None = None
+    decode_time: float | None = None
+    gateway_overhead: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing at all was said."""
+        return self == _NOTHING
+
+
+_NOTHING: Final = Usage()
+
+
+def read_usage(watch: BodyWatch | None, found: Mapping[str, list[str]]) -> Usage:
+    """The usage of an answer from its watched body (None: not watched) and its allow-listed
+    response headers ``found``."""
+    fields: dict[str, float] = {}
+    model = None
+    if watch is not None:
+        head, tail = watch.body_edges()
+        regions = [head, tail] if head is not tail else [tail]
+        if watch.streamed and b'"bytes"' in tail:
+            regions.extend(base64_payloads(tail))
+        for region in regions:
+            for key, value in _FIELD.findall(region):
+                fields[_KINDS[key]] = float(value)
+        # The model each event names is the same; the first is the cheapest to find.
+        for region in (head, tail):
+            match = _MODEL.search(region)
+            if match is not None:
+                model = match.group(1).decode("utf-8", "replace")
+                break
+    for header, kind in providers.USAGE_HEADERS:
+        value = headers.parse_number(headers.first(found, header))
+        if value is not None and kind not in fields:
+            fields[kind] = value
+    usage = _counts(fields)
+    usage.model = model or headers.first(found, "openai-model")
+    for kind, (part, scale) in _SPLIT_FIELDS.items():
+        if kind in fields and fields[kind] >= 0:
+            _add_part(usage, part, fields[kind] * scale)
+    for header, part, unit in providers.SERVER_SPLIT_HEADERS:
+        seconds = headers.parse_number(headers.first(found, header))
+        if seconds is not None and seconds >= 0:
+            _add_part(usage, part, seconds * _UNIT_SECONDS[unit])
+    return usage
+
+
+def _counts(fields: Mapping[str, float]) -> Usage:
+    def count(kind: str) -> int | None:
+        value = fields.get(kind)
+        return None if value is None or value < 0 else int(value)
+
+    inputs, outputs = count(providers.INPUT), count(providers.OUTPUT)
+    cache_beside = count(providers.CACHE_READ_BESIDE)
+    write_beside = count(providers.CACHE_WRITE_BESIDE)
+    reasoning_beside = count(providers.REASONING_BESIDE)
+    if inputs is not None:
+        inputs += (cache_beside or 0) + (write_beside or 0)
+    if outputs is not None:
+        outputs += reasoning_beside or 0
+    cached = count(providers.CACHE_READ)
+    reasoning = count(providers.REASONING)
+    return Usage(
+        input_tokens=inputs,
+        output_tokens=outputs,
+        cache_read_tokens=cached if cached is not None else cache_beside,
+        reasoning_tokens=reasoning if reasoning is not None else reasoning_beside,
+    )
+
+
+def _add_part(usage: Usage, part: str, seconds: float) -> None:
+    name = {
+        providers.QUEUE: "queue_time",
+        providers.PREFILL: "prefill_time",
+        providers.DECODE: "decode_time",
+        providers.GATEWAY_OVERHEAD: "gateway_overhead",
+    }[part]
+    setattr(usage, name, (getattr(usage, name) or 0.0) + seconds)
