@@ -43,8 +43,20 @@ EVENTS = 50
 def serve(port_file: str) -> None:
     from aiohttp import web
 
-    body = json.dumps({"id": "chatcmpl-1", "choices": [{"message": {"content": "hi" * 50}}]})
-    event = b'data: {"choices": [{"delta": {"content": "tok"}}]}\n\n'
+    # An OpenAI chat completion as the API sends it: the model first, the usage last; a stream
+    # of deltas ending with the include_usage chunk and [DONE].
+    usage = {"prompt_tokens": 12, "completion_tokens": 50, "total_tokens": 62}
+    body = json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "gpt-bench",
+            "choices": [{"message": {"role": "assistant", "content": "hi" * 50}}],
+            "usage": usage,
+        }
+    )
+    event = b'data: {"model": "gpt-bench", "choices": [{"delta": {"content": "tok"}}]}\n\n'
+    last = f"data: {json.dumps({'model': 'gpt-bench', 'choices': [], 'usage': usage})}\n\n"
     headers = {"x-request-id": "req_1", "openai-processing-ms": "1",
                "x-ratelimit-remaining-requests": "99"}  # fmt: skip
 
@@ -58,6 +70,7 @@ def serve(port_file: str) -> None:
         for _ in range(EVENTS):
             await response.write(event)
             await asyncio.sleep(0)
+        await response.write(last.encode() + b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 

@@ -20,6 +20,8 @@ from aiohttp import web
 WAIT = 0.05  # server "processing" before the headers
 TOKENS = ["Hello", ",", " world", "!"]
 TOKEN_GAP = 0.02
+#: The prompt\'s tokens every API reports (the answer\'s are len(TOKENS)).
+PROMPT_TOKENS = 3
 RETRY_AFTER_MS = 100  # what a 429 asks for, in retry-after-ms
 
 #: Each provider's headers on a success, as its API sends them (see providers.py).
@@ -126,8 +128,9 @@ def _gemini_chunk(text: str, last: bool) -> dict[str, Any]:
     if last:
         candidate["finishReason"] = "STOP"
     return {"candidates": [candidate], "modelVersion": "gemini-test", "responseId": "resp_1",
-            "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4,
-                              "totalTokenCount": 7}}  # fmt: skip
+            "usageMetadata": {"promptTokenCount": PROMPT_TOKENS,
+                              "candidatesTokenCount": len(TOKENS),
+                              "totalTokenCount": PROMPT_TOKENS + len(TOKENS)}}  # fmt: skip
 
 
 async def _gemini(request: web.Request) -> web.StreamResponse:
@@ -151,7 +154,11 @@ def _openai_style(provider: str, model_default: str) -> Callable[[web.Request], 
         if failure is not None:
             return failure
         base = {"id": "cmpl-1", "created": 0, "model": body.get("model", model_default)}
-        usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        usage = {
+            "prompt_tokens": PROMPT_TOKENS,
+            "completion_tokens": len(TOKENS),
+            "total_tokens": PROMPT_TOKENS + len(TOKENS),
+        }
         if not body.get("stream"):
             return web.json_response(
                 {**base, "object": "chat.completion", "usage": usage,
@@ -177,8 +184,8 @@ async def _cohere(request: web.Request) -> web.StreamResponse:
     body, failure = await _receive(request, "cohere")
     if failure is not None:
         return failure
-    usage = {"billed_units": {"input_tokens": 3, "output_tokens": 4},
-             "tokens": {"input_tokens": 3, "output_tokens": 4}}  # fmt: skip
+    usage = {"billed_units": {"input_tokens": PROMPT_TOKENS, "output_tokens": len(TOKENS)},
+             "tokens": {"input_tokens": PROMPT_TOKENS, "output_tokens": len(TOKENS)}}  # fmt: skip
     if not body.get("stream"):
         return web.json_response(
             {"id": "c-1", "finish_reason": "COMPLETE", "usage": usage,

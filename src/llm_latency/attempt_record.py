@@ -30,8 +30,8 @@ class AttemptRecord:
         "method",
         "port",
         "resend_count",
+        "route_owner",
         "span",
-        "template",
         "timeline",
     )
 
@@ -44,7 +44,7 @@ class AttemptRecord:
         port: int | None,
         resend_count: int,
         call: LogicalCall | None,
-        template: str | None = None,
+        route_owner: str | None = None,
     ) -> None:
         self.timeline = timeline
         #: The request span.
@@ -58,7 +58,7 @@ class AttemptRecord:
         self.resend_count = resend_count
         #: The logical call this attempt belongs to, if any.
         self.call = call
-        #: ``url.template``: the known LLM route the attempt went to, if any.
-        self.template = template
+        #: The provider whose own route the attempt went to (``gen_ai.provider.name``), if any.
+        self.route_owner = route_owner
         #: The monitor of the event loop the attempt runs on (async clients), until it ends.
         self.loop_monitor: LoopLagMonitor | None = None

@@ -44,7 +44,7 @@ from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import PHASE_NAMES, Timeline
 from llm_latency.tracer_handle import TracerHandle
-from llm_latency.urls import proxy_origin, redact, route_template, scrub_userinfo
+from llm_latency.urls import proxy_origin, redact, route, scrub_userinfo
 
 _logger = logging.getLogger(__name__)
 #: Distinct request methods whose names are remembered (a program sends a handful).
@@ -123,7 +123,7 @@ class Emitter:
         resend_count = timeline.resend_count
         if call is not None:
             resend_count = self.calls.attempt_starts(call, timeline.epoch_start_ns, resend_count)
-        template = route_template(path)
+        template, route_owner = route(path)
         known = self._known_methods.get(method) or self._known_method(method)
         attributes: dict[str, Any] = {
             semconv.HTTP_REQUEST_METHOD: known,
@@ -154,7 +154,7 @@ class Emitter:
             links=links,
             start_time=timeline.epoch_start_ns,
         )
-        record = AttemptRecord(timeline, span, known, host, port, resend_count, call, template)
+        record = AttemptRecord(timeline, span, known, host, port, resend_count, call, route_owner)
         if self.time_per_output_chunk:
             timeline.gaps = []
         self._open[timeline] = record
@@ -373,7 +373,7 @@ def token_attributes(record: AttemptRecord, facts: AttemptFacts) -> dict[str, An
     span, and on its logical call's span."""
     attributes: dict[str, Any] = {}
     usage = facts.usage
-    provider = providers.provider_name(record.host, record.template)
+    provider = providers.provider_name(record.host, record.route_owner)
     if provider is not None:
         attributes[semconv.GEN_AI_PROVIDER_NAME] = provider
     if usage is not None:

@@ -500,6 +500,11 @@ def _unique(names: list[str]) -> tuple[str, ...]:
 ROUTES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
     (re.compile(route.pattern), route.template) for p in PROFILES for route in p.routes
 )
+#: ``gen_ai.provider.name`` of each route of :data:`ROUTES`, in the same order: the provider's
+#: where the route is its own, else None.
+ROUTE_OWNERS: Final[tuple[str | None, ...]] = tuple(
+    p.genai_name if p.own_routes else None for p in PROFILES for _ in p.routes
+)
 REQUEST_ID_HEADERS: Final = _unique([h for p in PROFILES for h in p.request_id_headers])
 SERVER_TIME_HEADERS: Final = tuple(
     dict.fromkeys(item for p in PROFILES for item in p.server_time_headers)
@@ -523,13 +528,10 @@ USAGE_HEADERS: Final = tuple(dict.fromkeys(item for p in PROFILES for item in p.
 SERVER_SPLIT_HEADERS: Final = tuple(
     dict.fromkeys(item for p in PROFILES for item in p.server_split_headers)
 )
-#: ``gen_ai.provider.name`` by host name, and by the templates of each provider's own routes.
+#: ``gen_ai.provider.name`` by host name.
 PROVIDER_HOSTS: Final = tuple(
     (host, p.genai_name) for p in PROFILES if p.genai_name for host in p.hosts
 )
-PROVIDER_ROUTES: Final = {
-    route.template: p.genai_name for p in PROFILES if p.own_routes for route in p.routes
-}
 #: The JSON keys whose non-empty string value is generated content, any provider's.
 CONTENT_KEYS: Final = _unique([key for p in PROFILES for key in p.content_keys])
 #: The response headers captured by default: all of the above, and the retry hints.
@@ -550,14 +552,12 @@ DEFAULT_RESPONSE_HEADERS: Final = _unique(
 )
 
 
-def provider_name(host: str, template: str | None) -> str | None:
-    """``gen_ai.provider.name`` of a request to ``host`` on the route ``template``: by the
-    provider's own host, else by a route only that provider serves; None when neither says
-    (an OpenAI-compatible server on a host of its own)."""
+def provider_name(host: str, route_owner: str | None) -> str | None:
+    """``gen_ai.provider.name`` of a request to ``host``: by the provider's own host, else by
+    the owner of its route (:data:`ROUTE_OWNERS`); None when neither says (an
+    OpenAI-compatible server on a host of its own)."""
     host = host.lower()
     for name, genai_name in PROVIDER_HOSTS:
         if host == name or (name.startswith(".") and host.endswith(name)):
             return genai_name
-    if template is None:
-        return None
-    return PROVIDER_ROUTES.get(template)
+    return route_owner

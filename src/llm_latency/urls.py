@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from opentelemetry.util.http import PARAMS_TO_REDACT, remove_url_credentials
 
-from llm_latency.providers import ROUTES
+from llm_latency.providers import ROUTE_OWNERS, ROUTES
 
 REDACTED: Final = "REDACTED"
 
@@ -41,11 +41,17 @@ SECRET_QUERY_PARAMS: Final = frozenset(
 def route_template(path: str) -> str | None:
     """The ``url.template`` of a route of a known provider (:mod:`llm_latency.providers`), or
     None."""
-    for pattern, template in ROUTES:
+    return route(path)[0]
+
+
+def route(path: str) -> tuple[str | None, str | None]:
+    """The ``url.template`` of a known provider's route (None when none matches), and the
+    ``gen_ai.provider.name`` of the provider that alone serves it (None when it is shared)."""
+    for (pattern, template), owner in zip(ROUTES, ROUTE_OWNERS, strict=True):
         match = pattern.search(path)
         if match:
-            return match.expand(template) if "\\" in template else template
-    return None
+            return (match.expand(template) if "\\" in template else template), owner
+    return None, None
 
 
 def _redact_query(query: str) -> str:
