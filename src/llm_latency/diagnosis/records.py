@@ -101,6 +101,18 @@ class Attempt:
     #: The endpoint and kind (edge, inference) of a ``llm-latency watch`` probe's attempt.
     probe: str | None = None
     probe_kind: str | None = None
+    #: The answer's tokens as the server counted them, and what they tell of its time.
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    time_to_first_token: float | None = None
+    time_per_output_token: float | None = None
+    server_time_per_output_token_max: float | None = None
+    #: The server's own split of its time, where the provider says it (s).
+    server_queue: float | None = None
+    server_prefill: float | None = None
+    server_decode: float | None = None
 
     def phase(self, name: str) -> float | None:
         """The duration of phase ``name`` (s), or None when it did not happen."""
@@ -290,6 +302,18 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
         span_id=span.span_id,
         probe=_first(attributes.get(semconv.PROBE_ENDPOINT)),
         probe_kind=_first(attributes.get(semconv.PROBE_KIND)),
+        model=_first(attributes.get(semconv.GEN_AI_RESPONSE_MODEL)),
+        input_tokens=_int(attributes.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)),
+        output_tokens=_int(attributes.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)),
+        cached_tokens=_int(attributes.get(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)),
+        time_to_first_token=_float(attributes.get(semconv.TIME_TO_FIRST_TOKEN)),
+        time_per_output_token=_float(attributes.get(semconv.TIME_PER_OUTPUT_TOKEN)),
+        server_time_per_output_token_max=_float(
+            attributes.get(semconv.SERVER_TIME_PER_OUTPUT_TOKEN_MAX)
+        ),
+        server_queue=_float(attributes.get(semconv.SERVER_QUEUE_TIME)),
+        server_prefill=_float(attributes.get(semconv.SERVER_PREFILL_TIME)),
+        server_decode=_float(attributes.get(semconv.SERVER_DECODE_TIME)),
     )
 
 
