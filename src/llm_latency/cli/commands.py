@@ -218,7 +218,27 @@ def _write_html(html_file: str, page: str) -> None:
     default=50.0,
     show_default=True,
 )
-@click.option("--tokens", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option(
+    "--tokens",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Tokens in each answer (a request's max_tokens caps it).",
+)
+@click.option(
+    "--prefill-per-token",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds of prefill per prompt token (the prompt's words), before the first token.",
+)
+@click.option(
+    "--slots",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Answers generated at once; the others queue for a slot (0: no limit).",
+)
 @click.option(
     "--rate-limit-every",
     type=click.IntRange(min=0),
@@ -249,6 +269,8 @@ def mock_server(
     ttfb: float,
     tokens_per_second: float,
     tokens: int,
+    prefill_per_token: float,
+    slots: int,
     rate_limit_every: int,
     retry_after_ms: int,
     error_rate: float,
@@ -262,13 +284,16 @@ def mock_server(
       OpenAI     POST /v1/chat/completions, GET /v1/models
       Anthropic  POST /v1/messages
       Ollama     POST /api/chat, POST /api/generate, GET /api/tags
-    The same profile for all: time to the first byte, tokens per second, scripted 429s and
-    500s. Any other path is a 404.
+    The same profile for all, as a model server behaves: a free slot, then the time to the
+    first byte and the prefill of the prompt, then tokens at their pace, usage as each
+    provider reports it; scripted 429s and 500s. Any other path is a 404.
     """
     profile = Profile(
         ttfb=ttfb,
         tokens_per_second=tokens_per_second,
         tokens=tokens,
+        prefill_per_token=prefill_per_token,
+        slots=slots,
         rate_limit_every=rate_limit_every,
         retry_after_ms=retry_after_ms,
         error_rate=error_rate,

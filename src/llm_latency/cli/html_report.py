@@ -23,7 +23,7 @@ from llm_latency.cli.compare_view import comparison_of
 from llm_latency.cli.redaction import scrub
 from llm_latency.cli.render import PHASE_COLORS
 from llm_latency.cli.results import RequestResult, succeeded, summarize
-from llm_latency.cli.rhythm import endpoint_rhythm
+from llm_latency.cli.rhythm import endpoint_decode, endpoint_rhythm
 from llm_latency.diagnosis import Finding
 from llm_latency.diagnosis.findings import NBSP, duration
 from llm_latency.timeline import PHASE_NAMES
@@ -32,7 +32,13 @@ from llm_latency.version import __version__
 #: Waterfall rows drawn per endpoint; the percentiles and findings still cover every request.
 MAX_ROWS = 300
 #: Rows of the percentile charts, in this order, with how each is named.
-CHART_ROWS = (*((p, p) for p in PHASE_NAMES), ("first_chunk", "first chunk"), ("total", "total"))
+CHART_ROWS = (
+    *((p, p) for p in PHASE_NAMES),
+    ("first_chunk", "first chunk"),
+    ("first_token", "first token"),
+    ("per_output_token", "per output token"),
+    ("total", "total"),
+)
 #: Columns of the endpoint comparison (phase, percentile), shown when any endpoint has them:
 #: every phase measured, receive included.
 COMPARED = (
@@ -304,8 +310,9 @@ def _endpoint_section(
     parts += [f"<p class='err'>{_esc(line)}</p>" for line in errors.get(url, ())]
     parts.append(f"<h3>Requests on one time axis</h3>{_LEGEND}")
     parts.append(_waterfall(name, results))
-    if (rhythm := endpoint_rhythm(results)) is not None:
-        parts.append(f"<p class='rhythm'>{_esc(rhythm)}</p>")
+    for line in (endpoint_rhythm(results), endpoint_decode(results)):
+        if line is not None:
+            parts.append(f"<p class='rhythm'>{_esc(line)}</p>")
     rows = [
         (label, PHASE_COLORS.get(key, _TOTAL_COLOR), summary[key])
         for key, label in CHART_ROWS

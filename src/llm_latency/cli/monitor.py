@@ -80,6 +80,7 @@ def _outcome(attributes: dict[str, str], attempt: Attempt | None, error: str | N
         attempt.status,
         attempt.error or (None if attempt.status is not None else error),
         attempt.failed_phase,
+        attempt.time_to_first_token,
     )
 
 
@@ -166,6 +167,10 @@ def result_line(result: ProbeResult) -> str:
     attempt = result.attempt
     if attempt is not None and attempt.time_to_first_chunk is not None:
         parts.append(f"first chunk {duration(attempt.time_to_first_chunk)}")
+    if attempt is not None and attempt.time_to_first_token is not None:
+        parts.append(f"first token {duration(attempt.time_to_first_token)}")
+    if attempt is not None and attempt.output_tokens is not None:
+        parts.append(f"tokens {attempt.input_tokens or '?'} in, {attempt.output_tokens} out")
     if attempt is not None and attempt.server_processing is not None:
         parts.append(f"server {duration(attempt.server_processing)}")
     return f"{head}  {'  '.join(parts)}  ({phases})"

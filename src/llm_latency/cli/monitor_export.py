@@ -31,6 +31,8 @@ PROBE_ENDPOINT: Final = semconv.PROBE_ENDPOINT
 PROBE_KIND: Final = semconv.PROBE_KIND
 PROBE_DURATION: Final = "llm_latency.probe.duration"
 PROBE_TIME_TO_FIRST_BYTE: Final = "llm_latency.probe.time_to_first_byte"
+#: An inference probe's first generated content (its one output token).
+PROBE_TIME_TO_FIRST_TOKEN: Final = "llm_latency.probe.time_to_first_token"
 PROBE_PHASE_DURATION: Final = "llm_latency.probe.phase.duration"
 PROBE_RESULTS: Final = "llm_latency.probe.results"
 PROBE_UP: Final = "llm_latency.probe.up"
@@ -94,6 +96,8 @@ class Outcome:
     status: int | None
     error: str | None
     failed_phase: str | None
+    #: An inference probe's time to its first token (s), when it streamed content.
+    ttft: float | None = None
 
     @property
     def up(self) -> bool:
@@ -116,6 +120,13 @@ class ProbeMetrics:
             PROBE_TIME_TO_FIRST_BYTE,
             unit="s",
             description="A probe's time from the request's start to the first response byte.",
+            explicit_bucket_boundaries_advisory=buckets,
+        )
+        self._ttft = meter.create_histogram(
+            PROBE_TIME_TO_FIRST_TOKEN,
+            unit="s",
+            description="An inference probe's time from the request's start to its first "
+            "generated token.",
             explicit_bucket_boundaries_advisory=buckets,
         )
         self._phase = meter.create_histogram(
@@ -155,6 +166,8 @@ class ProbeMetrics:
         self._duration.record(outcome.duration, base)
         if outcome.ttfb is not None:
             self._ttfb.record(outcome.ttfb, base)
+        if outcome.ttft is not None:
+            self._ttft.record(outcome.ttft, base)
         for phase, seconds in outcome.phases.items():
             self._phase.record(seconds, {**base, semconv.PHASE: phase})
         result = dict(base)

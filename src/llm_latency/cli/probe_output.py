@@ -23,7 +23,7 @@ from llm_latency.cli.render import (
     wrap,
 )
 from llm_latency.cli.results import RequestResult, summarize, summarize_by_status
-from llm_latency.cli.rhythm import endpoint_rhythm
+from llm_latency.cli.rhythm import endpoint_decode, endpoint_rhythm
 from llm_latency.diagnosis import Finding, diagnose
 
 MODES = ("text", "json", "jsonl")
@@ -123,8 +123,9 @@ class ProbeOutput:
             finished = f"{done} request that finished" if done == 1 else f"{done} that finished"
             self._lines([f"interrupted: the summary of the {finished}"], "yellow")
         status_tables(self.console, run.results)
-        if (rhythm := endpoint_rhythm(run.results)) is not None:
-            self._lines(wrap(rhythm, self.console.width, "  ", "    "), "")
+        for line in (endpoint_rhythm(run.results), endpoint_decode(run.results)):
+            if line is not None:
+                self._lines(wrap(line, self.console.width, "  ", "    "), "")
         print_findings(self.console, found)
 
     def finish(self, runs: Mapping[str, UrlRun], stopped: str | None) -> None:

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from llm_latency import semconv
 from llm_latency.cli.results import RequestResult, StatusSummary, summarize_by_status
-from llm_latency.cli.rhythm import rhythm
+from llm_latency.cli.rhythm import decode_speed, rhythm
 from llm_latency.diagnosis.findings import NBSP, Finding, duration, keep_units
 from llm_latency.timeline import PHASE_NAMES
 
@@ -145,7 +145,14 @@ def facts(result: RequestResult) -> list[str]:
         items.append(f"first byte {duration(wait.start + wait.duration)}")
     if result.time_to_first_chunk is not None:
         items.append(f"first chunk {duration(result.time_to_first_chunk)}")
+    if result.time_to_first_token is not None:
+        items.append(f"first token {duration(result.time_to_first_token)}")
     items.append(f"end {duration(result.total)}")
+    if result.input_tokens is not None or result.output_tokens is not None:
+        counted = (result.input_tokens, result.output_tokens)
+        items.append("tokens {} in, {} out".format(*("?" if n is None else n for n in counted)))
+    if result.time_per_output_token is not None:
+        items.append(decode_speed(result.time_per_output_token))
     if result.server_processing is not None:
         # 0 from a header in whole ms (a refusal's, say) is below what it can tell, not 0.
         server = result.server_processing
@@ -256,12 +263,13 @@ def waterfall(
 
 
 def summary_table(summary: dict[str, dict[str, float]], title: str = "percentiles") -> Table:
-    """p50 / p95 / max per phase, total and first chunk (durations never wrap)."""
+    """p50 / p95 / max per phase, total, first chunk, first token and time per output token
+    (durations never wrap)."""
     table = Table(title=title, title_justify="left")
     table.add_column("phase", no_wrap=True)
     for column in ("p50", "p95", "max", "n"):
         table.add_column(column, justify="right", no_wrap=True)
-    for name in (*PHASE_NAMES, "first_chunk", "total"):
+    for name in (*PHASE_NAMES, "first_chunk", "first_token", "per_output_token", "total"):
         if name in summary:
             row = summary[name]
             table.add_row(

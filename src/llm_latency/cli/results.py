@@ -116,6 +116,12 @@ class RequestResult:
     resend_count: int = 0
     kind: str = "request"
     number: int | None = None
+    #: The answer's tokens as the server counted them, and the model it named.
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    time_to_first_token: float | None = None
+    time_per_output_token: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The JSON form of ``probe --json``."""
@@ -146,6 +152,11 @@ class RequestResult:
             error=attempt.error,
             failed_phase=attempt.failed_phase,
             resend_count=attempt.resend_count,
+            model=attempt.model,
+            input_tokens=attempt.input_tokens,
+            output_tokens=attempt.output_tokens,
+            time_to_first_token=attempt.time_to_first_token,
+            time_per_output_token=attempt.time_per_output_token,
         )
 
 
@@ -273,6 +284,10 @@ def _percentiles(requests: Sequence[RequestResult]) -> dict[str, dict[str, float
                 series.setdefault(phase, []).append(result.phases[phase])
         if result.time_to_first_chunk is not None:
             series.setdefault("first_chunk", []).append(result.time_to_first_chunk)
+        if result.time_to_first_token is not None:
+            series.setdefault("first_token", []).append(result.time_to_first_token)
+        if result.time_per_output_token is not None:
+            series.setdefault("per_output_token", []).append(result.time_per_output_token)
         series.setdefault("total", []).append(result.total)
     return {
         name: {

@@ -1,4 +1,5 @@
-"""The stream's rhythm as probe shows it: how often chunks came after the first one."""
+"""The stream's rhythm as probe shows it: how often chunks came after the first one, and how
+fast the model decoded (time per output token, tokens per second)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,26 @@ def endpoint_rhythm(results: Sequence[RequestResult]) -> str | None:
     if len(intervals) > 1:
         line += f" at p50, the slowest request every {duration(max(intervals))}"
     return line + f" ({len(intervals)} streamed request{'s' if len(intervals) > 1 else ''})"
+
+
+def decode_speed(time_per_output_token: float) -> str:
+    """``12.5 ms per output token (80 tokens/s)``."""
+    rate = f" ({1 / time_per_output_token:.3g} tokens/s)" if time_per_output_token > 0 else ""
+    return f"{duration(time_per_output_token)} per output token{rate}"
+
+
+def endpoint_decode(results: Sequence[RequestResult]) -> str | None:
+    """An endpoint's answers as a benchmark run reports them: time to first token and time per
+    output token at p50 (tokens per second), over the streamed requests whose server counted
+    their tokens; None when none did."""
+    tpots = [r.time_per_output_token for r in results if r.time_per_output_token is not None]
+    if not tpots:
+        return None
+    ttfts = [r.time_to_first_token for r in results if r.time_to_first_token is not None]
+    outputs = [r.output_tokens for r in results if r.output_tokens is not None]
+    line = f"Decode: {decode_speed(percentile(tpots, 50))} at p50"
+    if ttfts:
+        line += f", first token after {duration(percentile(ttfts, 50))}"
+    if outputs:
+        line += f", {percentile([float(n) for n in outputs], 50):.0f} output tokens"
+    return line + f" ({len(tpots)} request{'s' if len(tpots) > 1 else ''})"
