@@ -190,9 +190,9 @@ def test_demo_prints_every_scene() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert not [line for line in out.splitlines() if line != line.rstrip()]  # no trailing spaces
-    for scene in ("1a.", "1b.", "2a.", "2b.", "3.", "4."):
+    for scene in ("1a.", "1b.", "2a.", "2b.", "3.", "4.", "5."):
         assert f"\n{scene} " in out
-    assert out.count("→ ") == 6
+    assert out.count("→ ") == 7
     for phase in ("dns", "connect", "tls", "queue", "wait", "receive", "retry.backoff"):
         assert phase in out
     # The burst scene shows the pool filling to its limit and draining.
@@ -201,7 +201,10 @@ def test_demo_prints_every_scene() -> None:
     assert "The pool filled (2 of 2 connections active) while 6 requests waited" in words
     assert "then drained to 2 idle connections kept alive, and to none" in words
     # Each scene ends with the diagnosis of its spans; the closing line says where each rule fired.
-    assert len(re.findall(r"^findings(?:$|: none)", out, re.MULTILINE)) == 6
+    assert len(re.findall(r"^findings(?:$|: none)", out, re.MULTILINE)) == 7
+    # The tokens scene: the server's counts, and the long answer told from a slow provider.
+    assert "tokens 2 in, 8 out" in words and "tokens 2 in, 40 out" in words
+    assert "because it had 32 more tokens, not because the provider was slower" in words
     recap = words[words.index("The diagnosis, scene by scene: ") :]
     for rule, scenes in (("new-connections", "(1a)"), ("pool-queue", "(3)"),
                          ("rate-limits", "(4)")):  # fmt: skip

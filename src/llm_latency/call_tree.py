@@ -215,8 +215,18 @@ def _attempt_facts(attempt: Attempt) -> tuple[str, ...]:
         facts.append(f"server={duration(attempt.server_processing)}")
     if attempt.time_to_first_chunk is not None:
         facts.append(f"first_chunk={duration(attempt.time_to_first_chunk)}")
+    if attempt.time_to_first_token is not None:
+        facts.append(f"first_token={duration(attempt.time_to_first_token)}")
     if attempt.stream_events:
         facts.append(f"events={attempt.stream_events}")
+    if attempt.input_tokens is not None:
+        facts.append(f"input_tokens={attempt.input_tokens}")
+    if attempt.output_tokens is not None:
+        facts.append(f"output_tokens={attempt.output_tokens}")
+    if attempt.time_per_output_token is not None:
+        facts.append(f"per_token={duration(attempt.time_per_output_token)}")
+    elif attempt.server_time_per_output_token_max is not None:
+        facts.append(f"per_token_max={duration(attempt.server_time_per_output_token_max)}")
     return tuple(facts)
 
 

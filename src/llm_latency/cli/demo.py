@@ -2,12 +2,14 @@
 
 A built-in OpenAI-compatible server over HTTPS (a throwaway certificate, a slow TLS handshake,
 a "model" that takes a while before the first token and then streams), a local DNS server that
-answers slowly, and four scenes run through instrumented aiohttp clients.
+answers slowly, and five scenes run through instrumented aiohttp clients; the last one reads the
+answers' tokens, to tell a slow provider from a long answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,9 +38,15 @@ from llm_latency.diagnosis import Finding, diagnose
 from llm_latency.testing import LocalDNS, Profile, running
 
 HOST = "api.llm-demo.test"
-PROFILE = Profile(ttfb=0.25, tokens_per_second=40.0, tokens=8, tls_delay=0.08, retry_after_ms=300)
+PROFILE = Profile(ttfb=0.25, tokens_per_second=40.0, tokens=40, tls_delay=0.08, retry_after_ms=300)
 DNS_DELAY = 0.05
-BODY = {"model": "mock-gpt", "messages": [{"role": "user", "content": "Say hello."}]}
+#: The answers' length in the scenes (the server would write PROFILE.tokens), and the long one's.
+SHORT, LONG = 8, 40
+BODY = {
+    "model": "mock-gpt",
+    "messages": [{"role": "user", "content": "Say hello."}],
+    "max_tokens": SHORT,
+}
 
 
 @dataclass
@@ -78,8 +86,11 @@ class Demo:
         tcp = aiohttp.TCPConnector(ssl=self.ssl_context, resolver=resolver, **connector)
         return aiohttp.ClientSession(connector=tcp), resolver
 
-    async def post(self, session: aiohttp.ClientSession, stream: bool = False, **kw: Any) -> None:
-        async with session.post(self.url, json={**BODY, "stream": stream}, **kw) as response:
+    async def post(
+        self, session: aiohttp.ClientSession, stream: bool = False, body: Any = None, **kw: Any
+    ) -> None:
+        sent = {**BODY, "stream": stream, **(body or {})}
+        async with session.post(self.url, json=sent, **kw) as response:
             async for _ in response.content.iter_any():
                 pass
 
@@ -222,6 +233,38 @@ class Demo:
             )
         ]
 
+    async def tokens(self) -> list[Scene]:
+        usage = {"stream_options": {"include_usage": True}}
+        session, resolver = self.session()
+        async with session:
+            await self.post(session)  # warm the pool
+            self.take()
+            for label, tokens in (("a short answer", SHORT), ("a long answer", LONG)):
+                body = {**usage, "max_tokens": tokens}
+                await self.steps(label, 2, functools.partial(self.post, session, True, body))
+            results, findings = self.take()
+        await resolver.close()
+        short = [r for r in results if r.output_tokens == SHORT]
+        long = [r for r in results if r.output_tokens == LONG]
+        if not short or not long:  # a request failed: no comparison to draw
+            return [Scene("5. Tokens", results, "The answers' tokens were not reported.", findings)]
+        per_token = summarize(results)["per_output_token"]["p50"]
+        first = summarize(results)["first_token"]["p50"]
+        extra = summarize(long)["total"]["p50"] - summarize(short)["total"]["p50"]
+        return [
+            Scene(
+                f"5. Tokens: a {SHORT}-token and a {LONG}-token answer from the same model",
+                results,
+                f"Both got their first token after {dur(first)} and then {dur(per_token)} per "
+                f"output token ({1 / per_token:.0f} tokens/s): the long answer took "
+                f"{dur(extra)} longer because it had {LONG - SHORT} more tokens, not because "
+                "the provider was slower. max_tokens (or a request for a shorter answer) "
+                "shortens it; the spans carry gen_ai.usage.*, llm_latency.time_to_first_token "
+                "and llm_latency.time_per_output_token.",
+                findings,
+            )
+        ]
+
 
 def _print_scene(console: Console, scene: Scene, first: bool = False) -> None:
     if not first:
@@ -281,6 +324,7 @@ async def run(console: Console) -> None:
                     *await demo.streaming(),
                     *await demo.burst(),
                     *await demo.rate_limited(server.state),
+                    *await demo.tokens(),
                 ]
             for number, scene in enumerate(scenes):
                 _print_scene(console, scene, first=number == 0)
