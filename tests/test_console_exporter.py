@@ -41,6 +41,11 @@ def run_app(base_url: str, *prefix: str, **env: str) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
+#: What an answer adds to its attempt's line: the server's token counts (the mock's one-token
+#: answer) and its time per token, an upper bound.
+ANSWERED = rf" input_tokens=\d+ output_tokens=1 per_token_max={MS}"
+
+
 def blocks(text: str) -> list[list[str]]:
     """The printed calls: blocks of lines that start with a call's tree."""
     return [block.splitlines() for block in text.strip().split("\n\n") if block.strip()]
@@ -55,7 +60,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     assert re.fullmatch(rf"{call_name} +0 µs \+ +{MS}  attempts=1", first[0]), first[0]
     assert re.fullmatch(
         rf"  POST /v1/chat/completions +{MS} \+ +{MS}  status_code=200 connection=new "
-        rf"request_id={REQUEST_ID} server={MS}",
+        rf"request_id={REQUEST_ID} server={MS}{ANSWERED}",
         first[1],
     ), first[1]
     assert [line.split()[0] for line in first[2:6]] == [
@@ -78,7 +83,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     assert float(backoff.group(1)) >= 250 - 1
     assert re.fullmatch(
         rf"  POST /v1/chat/completions +{MS} \+ +{MS}  status_code=200 resend_count=1 "
-        rf"connection=pooled request_id={REQUEST_ID} server={MS}",
+        rf"connection=pooled request_id={REQUEST_ID} server={MS}{ANSWERED}",
         second[6],
     ), second[6]
     assert [line.split()[0] for line in second[7:10]] == ["http.send", "http.wait", "http.receive"]

@@ -253,7 +253,7 @@ class Demo:
         extra = summarize(long)["total"]["p50"] - summarize(short)["total"]["p50"]
         return [
             Scene(
-                f"5. Tokens: a {SHORT}-token and a {LONG}-token answer from the same model",
+                f"5. Tokens: answers of {SHORT} and {LONG} tokens from the same model",
                 results,
                 f"Both got their first token after {dur(first)} and then {dur(per_token)} per "
                 f"output token ({1 / per_token:.0f} tokens/s): the long answer took "
