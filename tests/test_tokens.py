@@ -263,6 +263,12 @@ async def test_plain_client_stream_with_usage(
     (tpot,) = telemetry.metric_points("llm_latency.time_per_output_token")
     assert tpot.count == 1
     assert tpot.sum == pytest.approx(found["llm_latency.time_per_output_token"])
+    (ttft,) = telemetry.metric_points("llm_latency.time_to_first_token")
+    assert (ttft.count, dict(ttft.attributes)) == (
+        1,
+        {"gen_ai.response.model": "gpt-test", "server.address": "127.0.0.1"},
+    )
+    assert ttft.sum == pytest.approx(found["llm_latency.time_to_first_token"])
 
 
 async def test_an_answer_without_usage_or_off_the_llm_routes_says_nothing(

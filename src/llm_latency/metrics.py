@@ -175,6 +175,13 @@ class AttemptMetrics:
             "token) / (output tokens - 1).",
             explicit_bucket_boundaries_advisory=semconv.TOKEN_INTERVAL_BUCKETS,
         )
+        self.time_to_first_token = meter.create_histogram(
+            semconv.TIME_TO_FIRST_TOKEN,
+            unit="s",
+            description="Time from the start of a streamed LLM call to its first generated "
+            "content (not a control event or an empty delta).",
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        )
         self.retries = _Tallies()
         self.rate_limited = _Tallies()
         self.connections = _Tallies()
@@ -268,18 +275,22 @@ class AttemptMetrics:
     def answer(
         self, host: str, facts: AttemptFacts, answer: Mapping[str, Any], context: Context
     ) -> None:
-        """Record the tokens of an attempt that carried an LLM answer (at most one record per
-        token type) and its time per output token; ``answer``: its GenAI attributes."""
-        usage = facts.usage
-        if usage is None:
-            return
+        """Record what an attempt that carried an LLM answer says of its tokens: its time to
+        first token and per output token (streams), and its token counts (at most one record
+        per token type); ``answer``: its GenAI attributes."""
         attributes: dict[str, Any] = {semconv.SERVER_ADDRESS: host}
         model = answer.get(semconv.GEN_AI_RESPONSE_MODEL)
         if model is not None:
             attributes[semconv.GEN_AI_RESPONSE_MODEL] = model
+        if facts.time_to_first_token is not None:
+            self.time_to_first_token.record(facts.time_to_first_token, attributes, context)
+        usage = facts.usage
+        if usage is None:
+            return
         tpot = facts.time_per_output_token
         if tpot is not None:
-            self.time_per_output_token.record(tpot, attributes, context)
+            # No trace context: the time to first token's exemplar links the same trace.
+            self.time_per_output_token.record(tpot, attributes, _NO_TRACE)
         provider = answer.get(semconv.GEN_AI_PROVIDER_NAME)
         if provider is not None:
             attributes[semconv.GEN_AI_PROVIDER_NAME] = provider
