@@ -257,6 +257,10 @@ def test_the_quick_start_installs_from_the_checkout_and_names_make_demo_and_test
     assert re.search(r"^make test\b", development, re.M)
     assert development.index("make demo") < development.index("make test")
     assert len(readme.splitlines()) < 300
+    # A newcomer's first screen: the two commands, near the top.
+    first_screen = "\n".join(readme.splitlines()[:60])
+    assert re.search(r"^make demo\b", first_screen, re.M)
+    assert re.search(r"^make test\b", first_screen, re.M)
 
 
 def test_the_matcher_fails_on_a_different_output() -> None:
