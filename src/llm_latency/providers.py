@@ -102,6 +102,9 @@ class ProviderProfile:
     #: ``(JSON key, what it counts)``: the usage fields of its bodies and stream events, read
     #: from the body's first and last bytes (the kinds above: ``INPUT``, ``OUTPUT``, ...).
     usage_fields: tuple[tuple[str, str], ...] = ()
+    #: The JSON keys the usage fields follow (``"usage"``, Gemini's ``"usageMetadata"``,
+    #: Ollama's first count): where the search for them starts.
+    usage_at: tuple[str, ...] = ()
     #: ``(header, what it counts)``: token counts sent as response headers.
     usage_headers: tuple[tuple[str, str], ...] = ()
     #: ``(header, part, how it reads)``: the server's own split of its time (``QUEUE``,
@@ -176,6 +179,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         # reasoning_content and reasoning from the compatible servers) and of the Responses
         # API (response.*.delta events carry "delta" as a string).
         usage_fields=_OPENAI_USAGE,
+        usage_at=("usage",),
         content_keys=("content", "reasoning_content", "reasoning", "arguments", "delta", "refusal"),
     ),
     ProviderProfile(
@@ -246,6 +250,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             ("cache_read_input_tokens", CACHE_READ_BESIDE),
             ("cache_creation_input_tokens", CACHE_WRITE_BESIDE),
         ),
+        usage_at=("usage",),
         server_time_headers=(("x-envoy-upstream-service-time", MILLISECONDS),),
         content_keys=("text", "thinking", "partial_json"),
     ),
@@ -291,6 +296,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             ("cacheReadInputTokenCount", CACHE_READ_BESIDE),
             ("cacheWriteInputTokenCount", CACHE_WRITE_BESIDE),
         ),
+        usage_at=("usage", "amazon-bedrock-invocationMetrics"),
         content_keys=("text", "reasoningText", "input"),
     ),
     ProviderProfile(
@@ -336,6 +342,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             ("cachedContentTokenCount", CACHE_READ),
             ("thoughtsTokenCount", REASONING_BESIDE),
         ),
+        usage_at=("usageMetadata",),
         content_keys=("text",),
     ),
     ProviderProfile(
@@ -372,6 +379,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         ),
         stream_types=_EVENT_STREAM,
         usage_fields=_OPENAI_USAGE,
+        usage_at=("usage",),
         content_keys=("content", "arguments"),
     ),
     ProviderProfile(
@@ -399,6 +407,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         stream_types=(*_EVENT_STREAM, ("application/stream+json", NDJSON)),
         # cohere: v2/types/usage.py (billed_units, then tokens: the last one read wins).
         usage_fields=(("input_tokens", INPUT), ("output_tokens", OUTPUT)),
+        usage_at=("usage",),
         content_keys=("text", "thinking"),
     ),
     ProviderProfile(
@@ -423,6 +432,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             ("prompt_time", PREFILL_SECONDS),
             ("completion_time", DECODE_SECONDS),
         ),
+        usage_at=("usage",),
     ),
     ProviderProfile(
         # ollama: _client.py (routes); the server streams one JSON object per line.
@@ -442,6 +452,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             ("prompt_eval_duration", PREFILL_NANOSECONDS),
             ("eval_duration", DECODE_NANOSECONDS),
         ),
+        usage_at=("prompt_eval_count", "eval_count"),
         content_keys=("content", "thinking", "response"),
     ),
     ProviderProfile(
@@ -486,6 +497,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         # provider's own headers come forwarded as llm_provider-<name>.
         server_split_headers=(("x-litellm-overhead-duration-ms", GATEWAY_OVERHEAD, MILLISECONDS),),
         usage_fields=_OPENAI_USAGE,
+        usage_at=("usage",),
         content_keys=("content", "reasoning_content", "reasoning", "arguments", "text"),
         note="OpenAI's routes and SSE streams too",
     ),
@@ -524,6 +536,8 @@ STREAM_TYPES: Final = dict(item for p in PROFILES for item in p.stream_types)
 #: Usage body fields by JSON key. A key two providers share means the same there, except
 #: ``input_tokens``: Anthropic's leaves the cached prompt out, which its beside-fields add back.
 USAGE_FIELDS: Final = {key: kind for p in PROFILES for key, kind in p.usage_fields}
+#: Where a body's usage fields start, any provider's: a usage object's key.
+USAGE_AT: Final = _unique([key for p in PROFILES for key in p.usage_at])
 USAGE_HEADERS: Final = tuple(dict.fromkeys(item for p in PROFILES for item in p.usage_headers))
 SERVER_SPLIT_HEADERS: Final = tuple(
     dict.fromkeys(item for p in PROFILES for item in p.server_split_headers)

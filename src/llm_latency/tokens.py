@@ -110,6 +110,8 @@ class BodyWatch:
             body = decompress(self.parts, self.encoding)
             return body[:EDGE_BYTES], body[-EDGE_BYTES:]
         last = self.last
+        if not self.previous and len(last) <= EDGE_BYTES:
+            return last, last  # one chunk: the body's start is its end
         if len(last) >= EDGE_BYTES:
             return self.head, last[-EDGE_BYTES:]
         return self.head, self.previous[-(EDGE_BYTES - len(last)) :] + last

@@ -1,10 +1,13 @@
 """The tokens of one answer, read once when its attempt ends: from the start and end of the body
 that :class:`~llm_latency.tokens.BodyWatch` kept, and from the providers' usage headers.
 
-No body is parsed as a whole: the usage fields of every provider (``providers.USAGE_FIELDS``)
-are found by one search over at most twice :data:`~llm_latency.tokens.EDGE_BYTES` bytes, the
-last value of a field winning (Anthropic's ``message_delta`` usage is cumulative; Gemini repeats
-its usage in every chunk). A count the server did not send stays None: nothing is estimated.
+No body is parsed as a whole. In the body's start (its first usage object: Anthropic's
+``message_start``) and its end (its last: the final usage chunk, ``message_delta``, a JSON
+answer's ``usage``), a byte search finds the key a provider's usage follows
+(``providers.USAGE_AT``), and the usage fields (``providers.USAGE_FIELDS``) are read in the
+:data:`WINDOW` bytes after it; the last value of a field wins (Anthropic's ``message_delta``
+usage is cumulative; Gemini repeats its usage in every chunk). A count the server did not send
+stays None: nothing is estimated.
 """
 
 from __future__ import annotations
@@ -18,13 +21,21 @@ from llm_latency import headers, providers
 from llm_latency.tokens import BodyWatch, base64_payloads
 
 _NUMBER: Final = rb"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+# No look-behind for the escaping backslash: it makes the search several times slower (it is
+# tried at every byte); the rare match behind a backslash is dropped after the search.
 _FIELD: Final = re.compile(
-    rb'(?<!\\)"('
+    rb'"('
     + b"|".join(re.escape(key.encode()) for key in providers.USAGE_FIELDS)
     + rb')"\s*:\s*'
     + _NUMBER
 )
-_MODEL: Final = re.compile(rb'(?<!\\)"(?:model|modelVersion)"\s*:\s*"([^"\\]{1,200})"')
+_MODEL: Final = re.compile(rb'"(?:model|modelVersion)"\s*:\s*"([^"\\]{1,200})"')
+#: The keys usage objects follow, as they stand in JSON text.
+_USAGE_AT: Final = tuple(f'"{key}'.encode() for key in providers.USAGE_AT)
+#: Bytes read after such a key: a usage object with its details (Cohere's holds two).
+WINDOW: Final = 1024
+#: Occurrences of ``"model`` tried before giving up (``"models"`` and the like come first).
+_MODEL_TRIES: Final = 3
 _KINDS: Final = {key.encode(): kind for key, kind in providers.USAGE_FIELDS.items()}
 #: Seconds per unit of the server-split fields.
 _SPLIT_FIELDS: Final = {
@@ -35,6 +46,10 @@ _SPLIT_FIELDS: Final = {
     providers.DECODE_NANOSECONDS: (providers.DECODE, 1e-9),
 }
 _UNIT_SECONDS: Final = {providers.MILLISECONDS: 1e-3, providers.SECONDS: 1.0}
+#: Every header that counts tokens or splits the server's time.
+_HEADERS: Final = frozenset(
+    [h for h, _ in providers.USAGE_HEADERS] + [h for h, _, _ in providers.SERVER_SPLIT_HEADERS]
+)
 
 
 @dataclass
@@ -67,32 +82,61 @@ def read_usage(watch: BodyWatch | None, found: Mapping[str, list[str]]) -> Usage
     model = None
     if watch is not None:
         head, tail = watch.body_edges()
-        regions = [head, tail] if head is not tail else [tail]
+        regions = [(head, False), (tail, True)] if head is not tail else [(tail, True)]
         if watch.streamed and b'"bytes"' in tail:
-            regions.extend(base64_payloads(tail))
-        for region in regions:
-            for key, value in _FIELD.findall(region):
-                fields[_KINDS[key]] = float(value)
-        # The model each event names is the same; the first is the cheapest to find.
-        for region in (head, tail):
-            match = _MODEL.search(region)
-            if match is not None:
-                model = match.group(1).decode("utf-8", "replace")
-                break
-    for header, kind in providers.USAGE_HEADERS:
-        value = headers.parse_number(headers.first(found, header))
-        if value is not None and kind not in fields:
-            fields[kind] = value
-    usage = _counts(fields)
+            regions += [(payload, True) for payload in base64_payloads(tail)]
+        for region, last in regions:
+            for window in _usage_windows(region, last):
+                for match in _FIELD.finditer(window):
+                    start = match.start()
+                    if start and window[start - 1] == 92:  # a backslash: inside a string
+                        continue
+                    fields[_KINDS[match.group(1)]] = float(match.group(2))
+        model = _model(head) or (None if head is tail else _model(tail))
+    said = not _HEADERS.isdisjoint(found)
+    if said:
+        for header, kind in providers.USAGE_HEADERS:
+            value = headers.parse_number(headers.first(found, header))
+            if value is not None and kind not in fields:
+                fields[kind] = value
+    usage = _counts(fields) if fields else Usage()
     usage.model = model or headers.first(found, "openai-model")
-    for kind, (part, scale) in _SPLIT_FIELDS.items():
-        if kind in fields and fields[kind] >= 0:
-            _add_part(usage, part, fields[kind] * scale)
-    for header, part, unit in providers.SERVER_SPLIT_HEADERS:
-        seconds = headers.parse_number(headers.first(found, header))
-        if seconds is not None and seconds >= 0:
-            _add_part(usage, part, seconds * _UNIT_SECONDS[unit])
+    if not _SPLIT_FIELDS.keys().isdisjoint(fields):
+        for kind, (part, scale) in _SPLIT_FIELDS.items():
+            if kind in fields and fields[kind] >= 0:
+                _add_part(usage, part, fields[kind] * scale)
+    if said:
+        for header, part, unit in providers.SERVER_SPLIT_HEADERS:
+            seconds = headers.parse_number(headers.first(found, header))
+            if seconds is not None and seconds >= 0:
+                _add_part(usage, part, seconds * _UNIT_SECONDS[unit])
     return usage
+
+
+def _usage_windows(region: bytes, last: bool) -> list[bytes]:
+    """The bytes after each usage key in ``region``: its last occurrence (``last``) or its
+    first, a key behind a backslash (inside a generated string) passed over."""
+    windows = []
+    for key in _USAGE_AT:
+        at = region.rfind(key) if last else region.find(key)
+        while at > 0 and region[at - 1] == 92:
+            at = region.rfind(key, 0, at) if last else region.find(key, at + 1)
+        if at >= 0:
+            windows.append(region[at : at + WINDOW])
+    return windows
+
+
+def _model(region: bytes) -> str | None:
+    """The model the region names first (every event of a stream names the same)."""
+    at = region.find(b'"model')
+    for _ in range(_MODEL_TRIES):
+        if at < 0:
+            return None
+        match = _MODEL.match(region, at)
+        if match is not None and (not at or region[at - 1] != 92):
+            return match.group(1).decode("utf-8", "replace")
+        at = region.find(b'"model', at + 1)
+    return None
 
 
 def _counts(fields: Mapping[str, float]) -> Usage:
