@@ -32,6 +32,13 @@ CHUNK = (
 )
 
 
+def streamed(attempt: Any) -> None:
+    """The attempt's response is an LLM route's SSE stream, as its adapter sees the headers:
+    its events counted and its body watched for tokens (its first chunk holds the first one)."""
+    attempt.llm_route = True
+    attempt.response_body("text/event-stream")
+
+
 def per_call(run: Callable[[int], None], n: int) -> float:
     """Nanoseconds per item of ``run(n)``."""
     started = time.perf_counter_ns()
@@ -44,7 +51,6 @@ def httpcore_paths() -> dict[str, Callable[[int], None]]:
 
     from llm_latency.adapters.httpcore import _SyncStream
     from llm_latency.emitter import Emitter
-    from llm_latency.sse import SSECounter
     from llm_latency.timeline import Timeline
 
     emitter = Emitter(TracerProvider().get_tracer("bench"), _meter(), capture_headers=())
@@ -55,7 +61,7 @@ def httpcore_paths() -> dict[str, Callable[[int], None]]:
 
     def wrapped(n: int) -> None:
         attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
-        attempt.stream = SSECounter()
+        streamed(attempt)
         for _ in _SyncStream([CHUNK] * n, attempt, emitter):
             pass
 
@@ -66,7 +72,6 @@ def aiohttp_paths() -> dict[str, Callable[[int], None]]:
     import aiohttp.streams
 
     from llm_latency.adapters import aiohttp as adapter
-    from llm_latency.sse import SSECounter
     from llm_latency.timeline import Timeline
 
     loop = asyncio.new_event_loop()
@@ -98,7 +103,7 @@ def aiohttp_paths() -> dict[str, Callable[[int], None]]:
     def watched(n: int) -> None:
         stream = reader()
         attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
-        attempt.stream = SSECounter()
+        streamed(attempt)
         adapter._streams[stream] = attempt
         try:
             feed(stream, n)
@@ -115,7 +120,6 @@ def requests_paths() -> dict[str, Callable[[int], None]]:
 
     from llm_latency import emitter
     from llm_latency.adapters._urllib3_attempt import ATTEMPT, Attempt
-    from llm_latency.sse import SSECounter
     from llm_latency.timeline import Timeline
 
     def response(n: int) -> Any:
@@ -131,7 +135,7 @@ def requests_paths() -> dict[str, Callable[[int], None]]:
     def watched(n: int) -> None:
         resp = response(n)
         attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
-        attempt.stream = SSECounter()
+        streamed(attempt)
         assert emitter.active is not None
         resp.__dict__[ATTEMPT] = Attempt(attempt, emitter.active)
         fp_read = resp._fp_read
@@ -150,6 +154,14 @@ def part_paths() -> dict[str, Callable[[int], None]]:
         for _ in range(n):
             chunk(CHUNK)
 
+    def watched(n: int) -> None:
+        attempt = Timeline("POST", "http://x/v1/chat/completions")
+        attempt.llm_route = True
+        attempt.response_body("application/json")  # the token watch, no SSE counting
+        chunk = attempt.chunk
+        for _ in range(n):
+            chunk(CHUNK)
+
     def sse(n: int) -> None:
         feed = SSECounter().feed
         for _ in range(n):
@@ -159,7 +171,12 @@ def part_paths() -> dict[str, Callable[[int], None]]:
         for _ in range(n):
             pass
 
-    return {"loop alone": loop, "Timeline.chunk": timeline, "SSE counting": sse}
+    return {
+        "loop alone": loop,
+        "Timeline.chunk": timeline,
+        "Timeline.chunk, body watched": watched,
+        "SSE counting": sse,
+    }
 
 
 def _meter() -> Any:
@@ -204,6 +221,7 @@ def main() -> None:
         "aiohttp llm-latency": "aiohttp bare",
         "requests llm-latency": "requests bare",
         "Timeline.chunk": "loop alone",
+        "Timeline.chunk, body watched": "loop alone",
         "SSE counting": "loop alone",
     }
     for name in names:
