@@ -10,7 +10,9 @@ An older engine scores the same scenarios with its source first on the path:
 ``git archive REV src | tar -x -C /tmp/old && PYTHONPATH=/tmp/old/src python
 bench/diagnosis_score.py``. An engine with no endpoint comparison
 (``llm_latency.diagnosis.compare``) is scored on the first finding of the slower endpoint, which
-is what its conclusion named as that endpoint's main finding.
+is what its conclusion named as that endpoint's main finding. An engine from before the token
+rules (``llm_latency.diagnosis.tokens``) misses the six token scenarios (long-answer to
+small-prompts-one-by-one): the spans carry the tokens, but nothing reads them.
 """
 
 from __future__ import annotations

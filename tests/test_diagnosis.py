@@ -24,11 +24,13 @@ from llm_latency.diagnosis import (
     Attempt,
     Call,
     SpanRecord,
+    baselines,
     calls_from_spans,
     failures,
     from_readable_spans,
     measured,
     rules,
+    tokens,
 )
 from llm_latency.diagnosis.findings import duration
 from llm_latency.diagnosis.records import Phase
@@ -446,16 +448,19 @@ def test_thresholds_are_documented() -> None:
     readme = (Path(__file__).parent.parent / "docs" / "diagnosis.md").read_text()
     names = [
         n
-        for module in (rules, failures, measured)
+        for module in (rules, failures, measured, tokens, baselines)
         for n in vars(module)
         if n.isupper()
         and isinstance(getattr(module, n), int | float)
         and n not in ("DNS", "QUEUE", "WAIT")
     ]
-    assert len(names) >= 18
+    assert len(names) >= 40
     missing = [n for n in names if f"`{n}`" not in readme]
     assert not missing, missing
     assert all(rule.__doc__ for rule in rules.RULES)
+    every = {f.__name__.replace("_", "-") for f in rules.RULES}
+    assert {rule for yielding in tokens.SUPERSEDED.values() for rule in yielding} <= every
+    assert all(f"`{rule}`" in readme for rule in every)
 
 
 async def test_refused_calls_that_were_not_retried(telemetry: Telemetry, server: LLMServer) -> None:
@@ -557,3 +562,264 @@ def test_phase_spans_lag_is_read_and_taken_off() -> None:
     assert attempt.phases[0].lag == 0.3 and attempt.phases[1].lag is None
     assert attempt.net("dns") == pytest.approx(0.1) and attempt.net("wait") == pytest.approx(0.1)
     assert attempt.client == "httpx"
+
+
+# -- tokens ----------------------------------------------------------------------------------
+
+URL = "http://h/v1/chat/completions"
+
+
+def _answer(
+    start: float,
+    *,
+    ttft: float | None = None,
+    tpot: float = 0.01,
+    took: float = 0.2,
+    prompt: int = 20,
+    output: int = 20,
+    cached: int | None = 0,
+    **extra: Any,
+) -> Attempt:
+    """A chat completion answered at ``start`` (s): streamed when ``ttft`` is given (its first
+    token then, one more every ``tpot``), else read whole after ``took``, all of it the
+    server's time (the facts the emitter puts on such spans)."""
+    facts: dict[str, Any]
+    if ttft is not None:
+        took = ttft + (output - 1) * tpot + 0.001
+        wait = Phase("wait", 0.001, ttft - 0.001)
+        facts = {"time_to_first_chunk": ttft, "time_to_first_token": ttft,
+                 "time_per_output_token": tpot, "stream_events": output}  # fmt: skip
+    else:
+        wait = Phase("wait", 0.001, took - 0.002)
+        facts = {"server_time_per_output_token_max": (took - 0.002) / output}
+    phases = (Phase("send", 0.0, 0.001), wait, Phase("receive", wait.start + wait.duration,
+              took - wait.start - wait.duration))  # fmt: skip
+    return Attempt(int(start * 1e9), took, phases, url=URL, host="h", method="POST",
+                   status=200, client="aiohttp", model="m", input_tokens=prompt,
+                   output_tokens=output, cached_tokens=cached,
+                   server_processing=wait.duration - 0.001, **{**facts, **extra})  # fmt: skip
+
+
+def _one_by_one(attempts: list[Attempt], gap: float = 0.01) -> list[Attempt]:
+    """The attempts moved to run one after another, ``gap`` apart."""
+    at = 0
+    for attempt in attempts:
+        attempt.start_ns = at
+        at += int((attempt.duration + gap) * 1e9)
+    return attempts
+
+
+def test_long_answers_not_streamed_are_the_output_s_length() -> None:
+    """600 tokens read whole in 1.2 s: the answer's length, at the server's bound per token;
+    server-time and not-streamed describe the same seconds and yield to it."""
+    attempts = [_answer(0, took=1.2, output=600) for _ in range(3)]
+    assert rules.server_time([Call("c", 0, 1.2, attempts)]) is not None
+    findings = diagnose(attempts)
+    assert rules_found(findings) == ["long-answer"]
+    found = finding(findings, "long-answer")
+    assert "600 output tokens" in found.cause and "upper bound" in found.cause
+    assert "max_tokens" in found.fix and "max_completion_tokens" in found.fix
+    assert "stream=True" in found.fix
+    assert found.saving is not None and found.saving.requests == 3
+    assert found.saving.p50 == pytest.approx(300 * (1.2 - 0.002) / 600)
+
+
+def test_long_answers_streamed() -> None:
+    attempts = [_answer(0, ttft=0.1, tpot=0.005, output=400) for _ in range(2)]
+    found = finding(diagnose(attempts), "long-answer")
+    assert "5.0 ms per token (200 tokens/s)" in found.cause
+    assert "stream=True" not in found.fix  # already streamed
+    assert found.saving is not None and found.saving.p50 == pytest.approx(200 * 0.005)
+
+
+@pytest.mark.parametrize(
+    "attempts",
+    [
+        [_answer(0, ttft=0.1, tpot=0.02, output=200) for _ in range(3)],  # not that long
+        [_answer(0, ttft=0.1, tpot=0.001, output=600) for _ in range(3)],  # quickly made
+        [_answer(0, ttft=0.1, tpot=0.005, output=600)],  # one answer is no evidence
+        [_answer(0, ttft=3.0, tpot=0.004, output=400) for _ in range(3)],  # the wait is most
+    ],
+    ids=["200 tokens", "0.6 s of tokens", "one", "mostly waiting"],
+)
+def test_answers_that_are_not_long(attempts: list[Attempt]) -> None:
+    assert "long-answer" not in rules_found(diagnose(attempts))
+
+
+def _chat_growing(cached: int | None = 0, per_token: float = 0.0004) -> list[Attempt]:
+    """Five turns of a chat resending its history: 500 to 2500 prompt tokens."""
+    sizes = [500 * n for n in range(1, 6)]
+    return [_answer(0, ttft=0.05 + per_token * size, prompt=size, cached=cached, output=10)
+            for size in sizes]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cached", "said", "long"),
+    [
+        (0, "none of the prompt tokens came from the cache", 4),
+        (250, "came from the cache", 3),  # 1000 tokens, 250 cached: 750 to read
+        (None, "did not say how many prompt tokens came from its cache", 4),
+    ],
+)
+def test_long_prompts(cached: int | None, said: str, long: int) -> None:
+    found = finding(diagnose(_chat_growing(cached)), "long-prompt")
+    assert found.evidence.count == long  # the prompts of 1000 tokens or more to read
+    assert "the time to first token grows with the prompt" in found.cause
+    assert "cache_control" in found.fix and "1024 tokens" in found.fix and said in found.fix
+    assert "server-time" not in rules_found(diagnose(_chat_growing(cached)))
+    assert found.saving is not None
+    if cached == 0:  # 0.4 ms per token: half of a 1750-token prompt's (the p50 of the four)
+        assert found.saving.p50 == pytest.approx(0.0004 * 1750 / 2, rel=0.01)
+
+
+def test_a_prompt_the_provider_times_itself() -> None:
+    """Ollama says its prefill time: no fit is needed."""
+    attempts = [_answer(0, took=1.5, prompt=3000, server_prefill=1.2) for _ in range(2)]
+    assert rules_found(diagnose(attempts))[0] == "long-prompt"
+
+
+@pytest.mark.parametrize(
+    "attempts",
+    [
+        [_answer(0, ttft=1.0, prompt=3000, output=10) for _ in range(5)],  # one size: no fit
+        _chat_growing(per_token=0.00005),  # 50 µs a token: the prompt is no large part
+        _chat_growing()[2:],  # three calls: no baseline to fit
+    ],
+    ids=["same size", "cheap tokens", "three calls"],
+)
+def test_prompts_that_do_not_explain_the_wait(attempts: list[Attempt]) -> None:
+    assert "long-prompt" not in rules_found(diagnose(attempts))
+
+
+def _queued(late: float, late_tpot: float = 0.005, n: int = 4) -> list[Attempt]:
+    """``n`` calls that got their first token after 0.1 s, then three after ``late``."""
+    usual = [_answer(0, ttft=0.1, tpot=0.005, prompt=300) for _ in range(n)]
+    return usual + [_answer(0, ttft=late, tpot=late_tpot, prompt=300) for _ in range(3)]
+
+
+def test_provider_queue() -> None:
+    findings = diagnose(_queued(1.0))
+    assert rules_found(findings)[0] == "provider-queue"
+    found = finding(findings, "provider-queue")
+    assert "3 of 7 requests to h (m) got their first token 1.00 s after sending" in found.cause
+    assert "100 ms usual for prompts of that size" in found.cause
+    assert "llm-latency watch" in found.fix and "provisioned" in found.fix
+    assert found.saving is not None and found.saving.p50 == pytest.approx(0.9, abs=0.01)
+    assert "long-prompt" not in rules_found(findings)
+
+
+def test_a_queue_the_provider_reports() -> None:
+    """A queue time in the response: no baseline is needed."""
+    attempts = [_answer(0, ttft=0.9, server_queue=0.8) for _ in range(2)]
+    found = finding(diagnose(attempts), "provider-queue")
+    assert "the provider reported 800 ms of queue time at p50" in found.cause
+
+
+def _behind_the_pool() -> list[Attempt]:
+    """:func:`_queued`, the late ones late because they waited 0.9 s for a pooled connection."""
+    attempts = _queued(1.0)
+    for attempt in attempts[4:]:
+        attempt.phases = (Phase("queue", 0.0, 0.9), *attempt.phases)
+    return attempts
+
+
+@pytest.mark.parametrize(
+    "attempts",
+    [
+        _queued(1.0, n=0),  # three calls, all late: no baseline
+        _queued(0.25),  # 2.5 times the usual: within its spread
+        _queued(1.0, late_tpot=0.05),  # the whole answer slow: slow-generation's
+        _chat_growing(),  # late because long: long-prompt's
+        _behind_the_pool(),  # late because of this side's pool
+    ],
+    ids=["no baseline", "not far", "slow decode", "long prompts", "the pool's"],
+)
+def test_late_first_tokens_that_are_no_queue(attempts: list[Attempt]) -> None:
+    assert "provider-queue" not in rules_found(diagnose(attempts))
+
+
+def test_slow_generation() -> None:
+    attempts = [_answer(0, ttft=0.1, tpot=0.01, output=50) for _ in range(4)]
+    attempts += [_answer(0, ttft=0.1, tpot=0.06, output=50) for _ in range(3)]
+    findings = diagnose(attempts)
+    assert rules_found(findings) == ["slow-generation"]
+    found = finding(findings, "slow-generation")
+    assert "60.0 ms per output token at p50 (17 tokens/s)" in found.cause
+    assert "usual 10.0 ms (100 tokens/s" in found.cause
+    assert found.saving is not None and found.saving.p50 == pytest.approx(0.05 * 49)
+
+
+@pytest.mark.parametrize(
+    "attempts",
+    [
+        [_answer(0, ttft=0.1, tpot=0.06, output=50) for _ in range(3)],  # no baseline
+        [_answer(0, ttft=0.1, tpot=0.06, output=50) for _ in range(8)],  # the usual pace
+        [_answer(0, ttft=0.1, tpot=t, output=5) for t in (0.01,) * 4 + (0.1,) * 3],  # 5 tokens
+        [_answer(0, took=2.0, output=50) for _ in range(8)],  # only bounds, not streamed
+    ],
+    ids=["no baseline", "uniform", "short answers", "bounds"],
+)
+def test_generation_that_is_not_slow(attempts: list[Attempt]) -> None:
+    assert "slow-generation" not in rules_found(diagnose(attempts))
+
+
+def _small_prompts(n: int = 10, **kw: Any) -> list[Attempt]:
+    """``n`` small prompts read whole: 120 ms each, and 5 ms per output token."""
+    return [_answer(0, took=0.12 + 0.005 * (2 + i % 7), prompt=10 + 3 * i, output=2 + i % 7, **kw)
+            for i in range(n)]  # fmt: skip
+
+
+def test_small_prompts_one_by_one() -> None:
+    findings = diagnose(_one_by_one(_small_prompts()))
+    assert rules_found(findings) == ["small-prompts-one-by-one"]
+    found = finding(findings, "small-prompts-one-by-one")
+    assert "10 small prompts went one after another" in found.cause
+    assert "1 request of about" in found.fix and "max_tokens to at least 80" in found.fix
+    assert "concurrently" in found.fix
+    assert found.saving is not None and found.saving.requests == 9
+    assert found.saving.p50 == pytest.approx(0.12, abs=0.005)  # the fixed cost, not the tokens
+
+
+def test_small_streamed_prompts_one_by_one() -> None:
+    attempts = [_answer(0, ttft=0.2, tpot=0.005, prompt=10 + i, output=5) for i in range(8)]
+    found = finding(diagnose(_one_by_one(attempts)), "small-prompts-one-by-one")
+    assert found.saving is not None and found.saving.p50 == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    "attempts",
+    [
+        _one_by_one(_small_prompts(7)),  # too few
+        _small_prompts(),  # all at once
+        _one_by_one(_small_prompts(), gap=1.0),  # far apart: one per user action
+        _one_by_one([_answer(0, took=0.15, prompt=12, output=5) for _ in range(10)]),  # a probe
+        _one_by_one([_answer(0, took=0.15, prompt=600 + i, output=5) for i in range(10)]),
+        _one_by_one(
+            [_answer(0, took=0.1 + 0.05 * i, prompt=10 + i, output=1 + 10 * i) for i in range(10)]
+        ),
+    ],
+    ids=["7", "concurrent", "far apart", "one request repeated", "large prompts", "decode"],
+)
+def test_prompts_that_are_no_batch(attempts: list[Attempt]) -> None:
+    assert "small-prompts-one-by-one" not in rules_found(diagnose(attempts))
+
+
+def test_server_time_names_the_tokens() -> None:
+    """No token rule applies (0.8 s for 50 tokens, no baseline to compare with): server-time
+    stays, with the tokens it was for."""
+    attempts = [_answer(0, took=0.8, prompt=120, output=50) for _ in range(3)]
+    found = finding(diagnose(attempts), "server-time")
+    assert "(prompts of 120 tokens, answers of 50 at p50)" in found.cause
+
+
+def test_baselines_are_per_endpoint() -> None:
+    """The same calls split over two models: neither has a baseline of its own."""
+    attempts = _queued(1.0, n=2)
+    for attempt in attempts[1::2]:
+        attempt.model = "other"
+    assert baselines.first_token_model(attempts) is not None
+    assert all(
+        baselines.first_token_model(group) is None
+        for group in baselines.by_endpoint(attempts).values()
+    )
+    assert "provider-queue" not in rules_found(diagnose(attempts))

@@ -20,6 +20,10 @@ def test_the_cause_is_ranked_first(scenario: Scenario) -> None:
     if scenario.fix_mentions is not None:
         assert scenario.fix_mentions in outcome.findings[0].fix, outcome.findings[0].fix
         assert "aiohttp" not in outcome.findings[0].fix or "aiohttp" in scenario.name
+    if scenario.saving is not None:  # computed from the measured rates, near what was injected
+        low, high = scenario.saving
+        saving = outcome.findings[0].saving
+        assert saving is not None and low <= saving.p50 <= high, saving
 
 
 @pytest.mark.parametrize(

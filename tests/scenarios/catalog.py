@@ -29,7 +29,8 @@ RULE_IDS = frozenset(
         "dns-failure", "connect-failure", "tls-failure", "timeouts", "connection-reset",
         "server-errors", "failed-requests", "rate-limits", "pool-queue", "new-connections",
         "slow-dns", "slow-connect", "event-loop-lag", "network-overhead", "not-streamed",
-        "stream-stall", "server-time",
+        "stream-stall", "server-time", "provider-queue", "slow-generation", "long-prompt",
+        "long-answer", "small-prompts-one-by-one",
     }
 )  # fmt: skip
 GAPS = frozenset(f"gap: {p}" for p in ("dns", "connect", "tls", "send", "wait", "receive"))
@@ -52,7 +53,8 @@ class Scenario:
     """One labelled cause: ``first`` must be ranked first (None: no finding at all), no finding
     of ``forbidden`` may appear; ``fix_mentions``: words the first finding's fix must hold;
     ``needs_phase_lag``: the cause is the loop's stall in a connection phase, which the
-    diagnosis tells by the per-phase lag of the phase spans."""
+    diagnosis tells by the per-phase lag of the phase spans; ``saving``: the bounds (s) of the
+    first finding's saving per request at p50, from what the scenario injects."""
 
     name: str
     cause: str
@@ -61,6 +63,7 @@ class Scenario:
     program: Program
     fix_mentions: str | None = None
     needs_phase_lag: bool = False
+    saving: tuple[float, float] | None = None
 
 
 def but(*allowed: str) -> frozenset[str]:

@@ -14,7 +14,9 @@ from tests.scenarios.programs import (
     STREAM,
     StallingResolver,
     aiohttp_requests,
+    chat,
     httpx_requests,
+    other_tenant,
     requests_requests,
 )
 from tests.servers import llm_server, unused_port
@@ -197,6 +199,58 @@ async def loop_blocked_in_queue(run: Run) -> None:
         )
 
 
+# -- tokens ----------------------------------------------------------------------------------
+
+
+async def long_answer(run: Run) -> None:
+    """600-token answers at 500 tokens/s, read whole: 1.2 s of decoding each."""
+    with mock(Profile(ttfb=0.05, tokens=600, tokens_per_second=500)) as server:
+        await aiohttp_requests(server.url(), 3, body=chat(20, 600, stream=False))
+
+
+async def long_answer_streamed(run: Run) -> None:
+    """400-token answers at 400 tokens/s, streamed with their usage."""
+    with mock(Profile(ttfb=0.05, tokens=400, tokens_per_second=400)) as server:
+        await aiohttp_requests(server.url(), 3, body=chat(20, 400))
+
+
+async def long_prompt(run: Run) -> None:
+    """Prompts of 500 to 2500 words (the mock's tokens), 0.4 ms of prefill each: the first token
+    after 0.25 to 1.05 s; short answers."""
+    profile = Profile(ttfb=0.05, prefill_per_token=0.0004, tokens=10, tokens_per_second=200)
+    with mock(profile) as server:
+        await aiohttp_requests(server.url(), 5, body=lambda i: chat(500 * (i + 1), 10))
+
+
+async def provider_queue(run: Run) -> None:
+    """One generation slot: three requests on an idle server, then three that each arrive while
+    another tenant's 100-token answer (0.5 s) holds the slot."""
+    profile = Profile(ttfb=0.05, tokens=100, tokens_per_second=200, slots=1)
+    with mock(profile) as server:
+        await aiohttp_requests(server.url(), 3, concurrent=False, body=chat(30, 12))
+        for _ in range(3):
+            tenant = await other_tenant(server.port, 100)
+            await aiohttp_requests(server.url(), 1, body=chat(30, 12))
+            await tenant
+
+
+async def slow_generation(run: Run) -> None:
+    """30-token answers at 200 tokens/s, then the server slows to 20 tokens/s."""
+    with mock(Profile(ttfb=0.05, tokens=30, tokens_per_second=200)) as server:
+        await aiohttp_requests(server.url(), 3, concurrent=False, body=chat(30, 30))
+        server.state.profile.tokens_per_second = 20
+        await aiohttp_requests(server.url(), 3, body=chat(30, 30))
+
+
+async def small_prompts(run: Run) -> None:
+    """Ten small prompts, one after another, each paying 120 ms before its few tokens."""
+    with mock(Profile(ttfb=0.12, tokens=8, tokens_per_second=200)) as server:
+        await aiohttp_requests(
+            server.url(), 10, concurrent=False,
+            body=lambda i: chat(10 + 3 * i, 2 + i % 7, stream=False),
+        )  # fmt: skip
+
+
 # -- two endpoints ---------------------------------------------------------------------------
 
 
@@ -262,6 +316,24 @@ SCENARIOS: tuple[Scenario, ...] = (
              frozenset(NETWORK), loop_blocked_in_tls, needs_phase_lag=True),
     Scenario("loop-blocked-queue", "loop blocked 0.4 s in queue", "event-loop-lag",
              frozenset(NETWORK), loop_blocked_in_queue, needs_phase_lag=True),
+    Scenario("long-answer", "600-token answers at 500 tokens/s, not streamed", "long-answer",
+             but("long-answer"), long_answer, fix_mentions="max_tokens",
+             saving=(0.55, 1.0)),  # half of 600 tokens at 2 ms (a bound: with the 50 ms)
+    Scenario("long-answer-streamed", "400-token answers at 400 tokens/s, streamed",
+             "long-answer", but("long-answer"), long_answer_streamed,
+             fix_mentions="max_tokens", saving=(0.45, 2.0)),  # half of 400 at 2.5 ms or more
+    Scenario("long-prompt", "prompts of 500 to 2500 tokens, 0.4 ms each", "long-prompt",
+             but("long-prompt"), long_prompt, fix_mentions="cache_control",
+             saving=(0.25, 0.6)),  # half of 1750 tokens at 0.4 ms
+    Scenario("provider-queue", "1 slot, held 0.5 s by another tenant", "provider-queue",
+             but("provider-queue"), provider_queue, fix_mentions="llm-latency watch",
+             saving=(0.35, 1.5)),  # what was left of the tenant's 0.5 s
+    Scenario("slow-generation", "200 then 20 tokens/s", "slow-generation",
+             but("slow-generation"), slow_generation, fix_mentions="llm-latency watch",
+             saving=(1.0, 3.0)),  # 29 tokens 45 ms slower
+    Scenario("small-prompts-one-by-one", "10 small prompts one by one, 120 ms each",
+             "small-prompts-one-by-one", but("small-prompts-one-by-one"), small_prompts,
+             fix_mentions="max_tokens to at least", saving=(0.09, 0.3)),  # the 120 ms
     Scenario("compare-server-time", "E2's server 300 ms slower", "gap: wait",
              but("gap: wait"), compare_server_time),
     Scenario("compare-setup", "E2's TLS 200 ms slower, new connections", "gap: tls",

@@ -4,6 +4,7 @@ requests, the way a program does, and the one that blocks its own event loop."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import ssl
 from collections.abc import Callable
@@ -19,6 +20,48 @@ from tests.scenarios.peers import stall
 #: The body of a chat completion; ``STREAM`` asks for a streamed answer.
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
 STREAM: dict[str, Any] = {**BODY, "stream": True}
+#: A request's body, or one per request (called with the request's number, from 0).
+Body = dict[str, Any] | Callable[[int], dict[str, Any]]
+
+
+def chat(words: int, max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    """A chat completion whose prompt is ``words`` words (the mock server's prompt tokens), its
+    answer capped at ``max_tokens``; streamed with the usage at the end (``include_usage``)."""
+    prompt = " ".join(f"w{i}" for i in range(words))
+    body: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+    }
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    return body
+
+
+async def other_tenant(port: int, tokens: int) -> asyncio.Task[None]:
+    """Another tenant of the provider, not this program (a plain socket: no instrumentation
+    sees it): a streamed answer of ``tokens`` tokens from the mock server on ``port``. Returns
+    once its answer has begun (it holds one of the server's slots until the answer ends); the
+    task reads the rest."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = json.dumps({**chat(1, tokens), "model": "other"}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    await writer.drain()
+    await reader.readuntil(b"\r\n\r\n")  # the response's headers: its slot is taken
+
+    async def rest() -> None:
+        try:
+            while await reader.read(65536):
+                pass
+        finally:
+            writer.close()
+
+    return asyncio.create_task(rest())
 
 
 class Stalls:
@@ -42,7 +85,7 @@ async def aiohttp_requests(
     *,
     concurrent: bool = True,
     fresh: bool = False,
-    body: dict[str, Any] | None = None,
+    body: Body | None = None,
     ssl_context: ssl.SSLContext | bool = True,
     timeout: float | None = None,
     retry: bool = False,
@@ -51,44 +94,48 @@ async def aiohttp_requests(
     during: Callable[[], None] | None = None,
 ) -> None:
     """``n`` POSTs to ``url`` (all at once, or one after another) on one session, or a new
-    session per request (``fresh``); ``retry``: through ``llm_latency.retry``; ``during``:
-    called once the requests are under way. Failures are the scenario's, not the program's:
-    they are swallowed."""
+    session per request (``fresh``); ``body``: the same for each, or a function of the
+    request's number; ``retry``: through ``llm_latency.retry``; ``during``: called once the
+    requests are under way. Failures are the scenario's, not the program's: they are
+    swallowed."""
 
     def connector() -> aiohttp.TCPConnector:
         return aiohttp.TCPConnector(limit=limit, ssl=ssl_context, resolver=resolver)
 
     limits = aiohttp.ClientTimeout(total=timeout)
 
-    async def send(session: aiohttp.ClientSession) -> None:
+    def sent(number: int) -> dict[str, Any]:
+        return body(number) if callable(body) else body or BODY
+
+    async def send(session: aiohttp.ClientSession, number: int) -> None:
         async with session.post(
-            url, json=body or BODY, raise_for_status=retry, timeout=limits
+            url, json=sent(number), raise_for_status=retry, timeout=limits
         ) as response:
             await response.read()
 
     if retry:
         send = llm_latency.retry(attempts=4, base_delay=0.01, max_delay=0.05)(send)
 
-    async def one(session: aiohttp.ClientSession | None) -> None:
+    async def one(session: aiohttp.ClientSession | None, number: int) -> None:
         try:
             if session is None:
                 async with aiohttp.ClientSession(connector=connector()) as own:
-                    await send(own)
+                    await send(own, number)
             else:
-                await send(session)
+                await send(session, number)
         except (aiohttp.ClientError, TimeoutError, ssl.SSLError, OSError):
             pass
 
     async with aiohttp.ClientSession(connector=connector()) as shared:
         chosen = None if fresh else shared
         if concurrent:
-            tasks = [asyncio.create_task(one(chosen)) for _ in range(n)]
+            tasks = [asyncio.create_task(one(chosen, number)) for number in range(n)]
             if during is not None:
                 during()
             await asyncio.gather(*tasks)
         else:
-            for _ in range(n):
-                await one(chosen)
+            for number in range(n):
+                await one(chosen, number)
 
 
 class StallingResolver(AbstractResolver):

@@ -21,6 +21,7 @@ from llm_latency.diagnosis.records import (
     from_readable_spans,
 )
 from llm_latency.diagnosis.rules import RULES
+from llm_latency.diagnosis.tokens import without_superseded
 from llm_latency.diagnosis.us_or_them import program_calls, us_or_them
 
 __all__ = [
@@ -71,7 +72,9 @@ def diagnose(calls: Iterable[Any]) -> list[Finding]:
     expected saving first.
 
     A rule that does not apply says nothing: a healthy run has no findings, and a finding
-    whose evidence is short of its own minimum (count, share) is left out. Each finding names
+    whose evidence is short of its own minimum (count, share) is left out, and so is one that a
+    token finding stands in for (``server-time`` when the tokens say why the provider took its
+    time: :data:`~llm_latency.diagnosis.tokens.SUPERSEDED`). Each finding names
     the cause, its evidence (phase, share of the time, p50 and p95, how many requests) and the
     fix with the saving it should bring, computed from these measurements.
     """
@@ -80,7 +83,7 @@ def diagnose(calls: Iterable[Any]) -> list[Finding]:
     if not any(call.attempts for call in own):
         return []
     findings = [finding for rule in RULES if (finding := rule(own)) is not None]
-    findings = [finding for finding in findings if finding.evidence.enough]
+    findings = without_superseded([finding for finding in findings if finding.evidence.enough])
     findings += us_or_them(records)
     findings.sort(key=rank)
     return findings

@@ -1,6 +1,6 @@
 """The diagnosis rules: each reads finished calls and returns a finding, or None when it does
-not apply. Every threshold is a named constant here (or in the modules of the failure rules and
-of the measures) and listed in docs/diagnosis.md.
+not apply. Every threshold is a named constant here (or in the modules of the failure rules, of
+the token rules and of the measures) and listed in docs/diagnosis.md.
 
 The latency rules read only the attempts that succeeded (failures have rules of their own, in
 :mod:`~llm_latency.diagnosis.failures`), and the network rules read each phase without the
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from llm_latency import semconv
-from llm_latency.diagnosis import failures
+from llm_latency.diagnosis import failures, tokens
 from llm_latency.diagnosis.advice import pool_knob
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
 from llm_latency.diagnosis.measured import (
@@ -197,13 +197,21 @@ def server_time(calls: Sequence[Call]) -> Finding | None:
         return None
     evidence = _evidence("server processing", server, sum(server) / _total(attempts), len(attempts))
     streamed = all(a.streamed for a in attempts)
+    inputs = [a.input_tokens for a in attempts if a.input_tokens is not None]
+    outputs = [a.output_tokens for a in attempts if a.output_tokens is not None]
+    sizes = (
+        f" (prompts of {percentile(inputs, 50):.0f} tokens, answers of "
+        f"{percentile(outputs, 50):.0f} at p50)"
+        if inputs and outputs
+        else ""
+    )
     fix = "a faster model, a shorter prompt or a lower max_tokens shorten it"
     if not streamed:
         fix += "; streaming brings the first token sooner"
     return Finding(
         rule="server-time",
         cause=f"the provider spent {duration(evidence.p50)} at p50 processing each request: "
-        f"{sum(server) / sum(waits) * 100:.0f}% of the wait for the first byte",
+        f"{sum(server) / sum(waits) * 100:.0f}% of the wait for the first byte{sizes}",
         evidence=evidence,
         fix=fix,
         saving=None,
@@ -379,6 +387,11 @@ RULES: Final[tuple[Rule, ...]] = (
     slow_connect,
     event_loop_lag,
     network_overhead,
+    tokens.provider_queue,
+    tokens.slow_generation,
+    tokens.long_prompt,
+    tokens.long_answer,
+    tokens.small_prompts_one_by_one,
     not_streamed,
     stream_stall,
     server_time,

@@ -1,0 +1,388 @@
+"""The token rules: what the answers' tokens say of the provider's time.
+
+An attempt whose response carried usage says how many tokens went each way and, measured on
+the stream (or bounded by the server's time when not streamed), how fast they came. Each rule
+compares the calls with their endpoint's own baseline (:mod:`~llm_latency.diagnosis.baselines`):
+
+- ``long-answer``: the answers are long: generating their tokens is most of the time;
+- ``long-prompt``: the time to first token grows with the prompt's tokens, and long prompts
+  make most of it;
+- ``provider-queue``: the first token came far later than the endpoint's own calls with
+  prompts of that size, the tokens then at the usual pace (or the provider says it queued);
+- ``slow-generation``: the tokens came far slower than the endpoint's usual pace;
+- ``small-prompts-one-by-one``: many small prompts sent one after another, each paying the
+  request's fixed cost.
+
+A token finding says why the provider took its time: ``server-time`` (the provider's time,
+without the tokens' reason) and, for long answers, ``not-streamed`` (the same seconds, seen from
+the first byte) yield to it (:data:`SUPERSEDED`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+from llm_latency.diagnosis.baselines import (
+    BASELINE_PERCENTILE,
+    by_endpoint,
+    decode_baseline,
+    first_token,
+    first_token_model,
+    measured_rate,
+    named,
+    per_token,
+    slope,
+    uncached,
+)
+from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percent, percentile
+from llm_latency.diagnosis.measured import MIN_REQUESTS, answered, total
+from llm_latency.diagnosis.records import Attempt, Call
+
+#: long-answer: answers of at least this many output tokens...
+LONG_ANSWER_MIN_TOKENS: Final = 300
+#: ... whose generation takes at least this (s) at p50...
+LONG_ANSWER_MIN_DECODE: Final = 1.0
+#: ... and at least this share of their requests' time.
+LONG_ANSWER_MIN_SHARE: Final = 0.5
+#: long-prompt: prompts of at least this many tokens the provider had to read (not cached)...
+LONG_PROMPT_MIN_TOKENS: Final = 1000
+#: ... whose part of the time to first token is at least this (s) at p50...
+LONG_PROMPT_MIN_TIME: Final = 0.3
+#: ... and at least this share of it; the endpoint's prompts vary by this factor at least.
+LONG_PROMPT_MIN_SHARE: Final = 0.5
+LONG_PROMPT_MIN_SPREAD: Final = 2.0
+#: provider-queue: a first token at least this many times the endpoint's usual for the
+#: prompt's size...
+PROVIDER_QUEUE_MIN_RATIO: Final = 3.0
+#: ... and at least this much later (s), or a queue time the provider reports of this much...
+PROVIDER_QUEUE_MIN_EXCESS: Final = 0.25
+#: ... on at least this share of the time.
+PROVIDER_QUEUE_MIN_SHARE: Final = 0.1
+#: slow-generation: a time per output token at least this many times the endpoint's usual...
+SLOW_GENERATION_MIN_RATIO: Final = 3.0
+#: ... costing at least this (s) more per answer, on at least this share of the time.
+SLOW_GENERATION_MIN_EXCESS: Final = 0.25
+SLOW_GENERATION_MIN_SHARE: Final = 0.1
+#: small-prompts-one-by-one: at least this many calls, one after another...
+BATCH_MIN_REQUESTS: Final = 8
+#: ... each starting at most this long (s) after the last one ended...
+BATCH_MAX_GAP: Final = 0.25
+#: ... each with at most this many input tokens and this many output tokens...
+BATCH_MAX_INPUT_TOKENS: Final = 500
+BATCH_MAX_OUTPUT_TOKENS: Final = 100
+#: ... and the requests' fixed cost at least this share of their time. (A merged request asks
+#: for fewer than ``LONG_ANSWER_MIN_TOKENS`` output tokens: merging makes no long answer.)
+BATCH_MIN_FIXED_SHARE: Final = 0.5
+
+#: The findings that yield to a token finding (left out when one of these is there): they
+#: describe the same seconds of the provider's time without saying why.
+SUPERSEDED: Final = {
+    "server-time": ("long-answer", "long-prompt", "provider-queue", "slow-generation"),
+    "not-streamed": ("long-answer",),
+}
+
+
+def without_superseded(findings: Sequence[Finding]) -> list[Finding]:
+    """``findings`` less those a token finding stands in for (:data:`SUPERSEDED`)."""
+    present = {f.rule for f in findings}
+    return [f for f in findings if not present & set(SUPERSEDED.get(f.rule, ()))]
+
+
+def _evidence(phase: str, values: Sequence[float], attempts: Sequence[Attempt]) -> Evidence:
+    share = min(sum(values) / total(attempts), 1.0)
+    return Evidence.of(phase, values, share, len(attempts), needed=MIN_REQUESTS)
+
+
+def _p50(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+def long_answer(calls: Sequence[Call]) -> Finding | None:
+    """Long answers: generating their tokens is most of their time, the answers' length, not a
+    slow provider (a pace slower than the endpoint's usual is also ``slow-generation``'s)."""
+    attempts = answered(calls)
+    chosen: list[tuple[Attempt, int, float, bool]] = []
+    for a in attempts:
+        known = per_token(a)
+        if known is not None and a.output_tokens and a.output_tokens >= LONG_ANSWER_MIN_TOKENS:
+            chosen.append((a, a.output_tokens, known[0], known[1]))
+    decode = [output * rate for _, output, rate, _ in chosen]
+    if len(chosen) < MIN_REQUESTS or _p50(decode) < LONG_ANSWER_MIN_DECODE:
+        return None
+    if sum(decode) < LONG_ANSWER_MIN_SHARE * total([a for a, *_ in chosen]):
+        return None
+    rate = _p50([r for *_, r, _ in chosen])
+    bound = any(b for *_, b in chosen)
+    pace = (
+        f"{duration(rate)} per token or less (the server's time over its output tokens: an "
+        "upper bound, the prompt's time included)"
+        if bound
+        else f"{duration(rate)} per token ({1 / max(rate, 1e-9):.0f} tokens/s)"
+    )
+    halved = [output / 2 * r for _, output, r, _ in chosen]
+    fix = (
+        "ask for a shorter answer (say so in the prompt: a length, a terser format) and cap it "
+        "with max_tokens (OpenAI's chat API: max_completion_tokens; its Responses API: "
+        f"max_output_tokens): each output token costs {duration(rate)}, so answers half as "
+        "long save half of it"
+    )
+    if not all(a.streamed for a, *_ in chosen):
+        fix += "; stream them (stream=True) so the first tokens show before the whole answer"
+    return Finding(
+        rule="long-answer",
+        cause=f"{len(chosen)} answers were long: {_p50([o for _, o, *_ in chosen]):.0f} output "
+        f"tokens at p50, generated at {pace}: {duration(_p50(decode))} of each request",
+        evidence=_evidence("decode (output tokens)", decode, attempts),
+        fix=fix,
+        saving=Saving(_p50(halved), percentile(halved, 95), len(chosen)),
+    )
+
+
+def _cache_state(chosen: Sequence[Attempt]) -> str:
+    known = [a for a in chosen if a.cached_tokens is not None]
+    if not known:
+        return "the provider did not say how many prompt tokens came from its cache"
+    cached = sum(a.cached_tokens or 0 for a in known)
+    if not cached:
+        return f"none of the prompt tokens came from the cache ({len(known)} answers said)"
+    share = cached / max(sum(a.input_tokens or 0 for a in known), 1)
+    return f"{percent(share)} of the prompt tokens came from the cache"
+
+
+def long_prompt(calls: Sequence[Call]) -> Finding | None:
+    """The time to first token grows with the prompt's tokens, and long prompts make most of
+    it: the provider reads every token of the prompt before it writes the first of the answer."""
+    attempts = answered(calls)
+    chosen: list[tuple[Attempt, float, float]] = []  # the attempt, the prompt's part, its whole
+    for group in by_endpoint(attempts).values():
+        model = first_token_model(group)
+        fit = model is not None and model.fitted and model.spread >= LONG_PROMPT_MIN_SPREAD
+        for a in group:
+            if (uncached(a) or 0) < LONG_PROMPT_MIN_TOKENS:
+                continue
+            first = first_token(a)
+            whole = first if first is not None else a.duration
+            if a.server_prefill is not None:
+                chosen.append((a, a.server_prefill, whole))
+            elif fit and model is not None and first is not None:
+                chosen.append((a, min(model.prompt_part(a), whole), whole))
+    parts = [part for _, part, _ in chosen]
+    if len(chosen) < MIN_REQUESTS or _p50(parts) < LONG_PROMPT_MIN_TIME:
+        return None
+    if sum(parts) < LONG_PROMPT_MIN_SHARE * sum(whole for *_, whole in chosen):
+        return None
+    prompts = [float(uncached(a) or 0) for a, *_ in chosen]
+    per_1000 = _p50([part / max(p, 1.0) * 1000 for part, p in zip(parts, prompts, strict=True)])
+    halved = [part / 2 for part in parts]
+    return Finding(
+        rule="long-prompt",
+        cause=f"{len(chosen)} prompts were long: {_p50(prompts):.0f} tokens at p50 that the "
+        f"provider had to read before the first token of the answer, "
+        f"{duration(per_1000)} per 1000 tokens: "
+        f"{duration(_p50(parts))} of the {duration(_p50([w for *_, w in chosen]))} to the "
+        "first token at p50; the time to first token grows with the prompt",
+        evidence=_evidence("prefill (prompt tokens)", parts, attempts),
+        fix="trim the prompt (older turns of the conversation, fewer or shorter retrieved "
+        "passages, instructions said once) and cache its stable prefix: OpenAI caches prompts "
+        "of 1024 tokens or more by itself when they begin alike (fixed instructions and "
+        "context first, what changes last), Anthropic only what `cache_control` marks (on "
+        f"the last block of the fixed part); {_cache_state([a for a, *_ in chosen])}; a "
+        "prompt half as long saves half of its part",
+        saving=Saving(_p50(halved), percentile(halved, 95), len(chosen)),
+    )
+
+
+def _normal_decode(attempt: Attempt, usual: float | None) -> bool:
+    rate = measured_rate(attempt)
+    return rate is None or usual is None or rate < SLOW_GENERATION_MIN_RATIO * usual
+
+
+def provider_queue(calls: Sequence[Call]) -> Finding | None:
+    """The first token came far later than the endpoint's own calls with prompts of that size,
+    the tokens then at the usual pace: the request waited in the provider's queue."""
+    attempts = answered(calls)
+    queued: list[tuple[Attempt, float, float]] = []  # the attempt, the excess, its usual
+    reported = 0
+    hosts: set[str] = set()
+    for key, group in by_endpoint(attempts).items():
+        model = first_token_model(group)
+        usual_rate = decode_baseline(group)
+        for a in group:
+            if a.server_queue is not None:  # the provider says it
+                if a.server_queue >= PROVIDER_QUEUE_MIN_EXCESS:
+                    usual = max((first_token(a) or 0.0) - a.server_queue, 0.0)
+                    queued.append((a, a.server_queue, usual))
+                    reported += 1
+                    hosts.add(named(key))
+                continue
+            first = first_token(a)
+            if model is None or first is None or uncached(a) is None:
+                continue
+            usual = model.expected(a)
+            if (
+                first < PROVIDER_QUEUE_MIN_RATIO * usual
+                or first - usual < PROVIDER_QUEUE_MIN_EXCESS
+            ):
+                continue
+            if _normal_decode(a, usual_rate):  # else: slow-generation's, the whole answer slow
+                queued.append((a, first - usual, usual))
+                hosts.add(named(key))
+    excess = [e for _, e, _ in queued]
+    if len(queued) < MIN_REQUESTS or sum(excess) < PROVIDER_QUEUE_MIN_SHARE * total(attempts):
+        return None
+    firsts = [f for a, *_ in queued if (f := first_token(a)) is not None]
+    against = (
+        f"the provider reported {duration(_p50(excess))} of queue time at p50"
+        if reported == len(queued)
+        else f"against {duration(_p50([u for *_, u in queued]))} usual for prompts of that size "
+        f"on the same endpoint (the {BASELINE_PERCENTILE}th percentile of its calls, after "
+        "the prompt's part)"
+    )
+    waited = (
+        f"got their first token {duration(_p50(firsts))} after sending at p50, " if firsts else ""
+    )
+    return Finding(
+        rule="provider-queue",
+        cause=f"{len(queued)} of {len(attempts)} requests to {', '.join(sorted(hosts))} "
+        f"{waited}{against}, the tokens then coming at the usual pace: the provider's queue at "
+        "that time",
+        evidence=_evidence("first token (beyond the usual)", excess, attempts),
+        fix="the provider queued the requests at that time: send them to another region or "
+        "deployment of the model, buy provisioned (reserved) throughput, or run work that can "
+        "wait off-peak; confirm with `llm-latency watch` on the endpoint, whose probes wait "
+        "too when it is the provider's queue (a server of one's own: more replicas, or fewer "
+        "requests at once)",
+        saving=Saving(_p50(excess), percentile(excess, 95), len(queued)),
+    )
+
+
+def slow_generation(calls: Sequence[Call]) -> Finding | None:
+    """The tokens came far slower than the endpoint's usual pace: the provider generated
+    slowly at that time."""
+    attempts = answered(calls)
+    slow: list[tuple[Attempt, float, float, float]] = []  # attempt, rate, usual, excess
+    hosts: set[str] = set()
+    for key, group in by_endpoint(attempts).items():
+        usual = decode_baseline(group)
+        if usual is None:
+            continue
+        for a in group:
+            rate = measured_rate(a)
+            if rate is None or rate < SLOW_GENERATION_MIN_RATIO * usual:
+                continue
+            excess = (rate - usual) * max((a.output_tokens or 1) - 1, 1)
+            if excess >= SLOW_GENERATION_MIN_EXCESS:
+                slow.append((a, rate, usual, excess))
+                hosts.add(named(key))
+    lost = [e for *_, e in slow]
+    if len(slow) < MIN_REQUESTS or sum(lost) < SLOW_GENERATION_MIN_SHARE * total(attempts):
+        return None
+    rate, usual = _p50([r for _, r, _, _ in slow]), _p50([u for _, _, u, _ in slow])
+    return Finding(
+        rule="slow-generation",
+        cause=f"{len(slow)} of {len(attempts)} answers from {', '.join(sorted(hosts))} came at "
+        f"{duration(rate)} per output token at p50 ({1 / rate:.0f} tokens/s), against the "
+        f"endpoint's usual {duration(usual)} ({1 / usual:.0f} tokens/s, the "
+        f"{BASELINE_PERCENTILE}th percentile of its calls): the provider generated slowly at "
+        "that time",
+        evidence=_evidence("decode (beyond the usual)", lost, attempts),
+        fix="another region or deployment of the model, or a smaller, faster model for this "
+        "task; confirm with `llm-latency watch` on the endpoint, whose inference probes slow "
+        "down too when it is the provider, and report it with the request ids if it lasts",
+        saving=Saving(_p50(lost), percentile(lost, 95), len(slow)),
+    )
+
+
+def _small(attempt: Attempt) -> bool:
+    return (
+        attempt.input_tokens is not None
+        and attempt.output_tokens is not None
+        and attempt.input_tokens <= BATCH_MAX_INPUT_TOKENS
+        and attempt.output_tokens <= BATCH_MAX_OUTPUT_TOKENS
+    )
+
+
+def _runs(group: Sequence[Attempt]) -> list[list[Attempt]]:
+    """The group's small calls that went one after another, each soon after the last, in runs
+    of at least :data:`BATCH_MIN_REQUESTS`."""
+    runs: list[list[Attempt]] = []
+    current: list[Attempt] = []
+    for a in group:  # in start order
+        if current:
+            last = current[-1]
+            gap = (a.start_ns - last.start_ns) / 1e9 - last.duration
+            # (a microsecond of overlap is the rounding of two spans that touch)
+            if not _small(a) or gap < -1e-6 or gap > BATCH_MAX_GAP:
+                runs.append(current)
+                current = []
+        if _small(a):
+            current.append(a)
+    runs.append(current)
+    return [run for run in runs if len(run) >= BATCH_MIN_REQUESTS]
+
+
+def _fixed_costs(run: Sequence[Attempt], group: Sequence[Attempt]) -> list[float]:
+    """Each call's fixed cost: what it took beyond its prompt's and its answer's tokens (its
+    time to first token less the prompt's part; not streamed: its time less the answer's
+    decode, from the server's decode time or a fit of the time against the output tokens)."""
+    model = first_token_model(group)
+    plain = [a for a in run if a.time_to_first_token is None]
+    per = slope([(float(a.output_tokens or 0), a.duration) for a in plain])
+    per = max(per, 0.0) if per is not None else decode_baseline(group)
+    costs = []
+    for a in run:
+        if a.time_to_first_token is not None:
+            prompt = model.prompt_part(a) if model is not None else 0.0
+            costs.append(max(a.time_to_first_token - prompt, 0.0))
+        elif a.server_decode is not None:
+            costs.append(max(a.duration - a.server_decode, 0.0))
+        elif per is not None:
+            costs.append(max(a.duration - per * (a.output_tokens or 0), 0.0))
+    return costs
+
+
+def small_prompts_one_by_one(calls: Sequence[Call]) -> Finding | None:
+    """Many small prompts sent one after another: each request pays its fixed cost (the
+    network, the provider's own start) for a few tokens; merged, they pay it once."""
+    attempts = answered(calls)
+    runs: list[list[Attempt]] = []
+    costs: list[float] = []
+    for group in by_endpoint(attempts).values():
+        for run in _runs(group):
+            found = _fixed_costs(run, group)
+            distinct = len({a.input_tokens for a in run}) > 1  # one request repeated: a probe
+            fixed = sum(found) >= BATCH_MIN_FIXED_SHARE * total(run)
+            if len(found) >= BATCH_MIN_REQUESTS and distinct and fixed:
+                runs.append(run)
+                costs += found
+    if not runs:
+        return None
+    every = [a for run in runs for a in run]
+    outputs = [float(a.output_tokens or 0) for a in every]
+    inputs = [float(a.input_tokens or 0) for a in every]
+    per_request = max(1, int(LONG_ANSWER_MIN_TOKENS // max(percentile(outputs, 95), 1.0)))
+    per_request = min(per_request, max(len(run) for run in runs))
+    if per_request < 2:
+        return None
+    merged = sum(math.ceil(len(run) / per_request) for run in runs)
+    budget = math.ceil(per_request * max(outputs))
+    return Finding(
+        rule="small-prompts-one-by-one",
+        cause=f"{len(every)} small prompts went one after another, each waiting for the last: "
+        f"{_p50(inputs):.0f} input and {_p50(outputs):.0f} output tokens at p50, and "
+        f"{duration(_p50(costs))} of each request's {duration(_p50([a.duration for a in every]))} "
+        "was the request's own fixed cost, not its tokens",
+        evidence=_evidence("fixed cost per request", costs, attempts),
+        fix=f"unless each needs the answer before it (an agent's steps), merge them, "
+        f"{per_request} prompts a request (numbered items, one answer each, e.g. a JSON list): "
+        f"{merged} request{'' if merged == 1 else 's'} of about "
+        f"{per_request * _p50(inputs):.0f} input and {per_request * _p50(outputs):.0f} output "
+        f"tokens instead of {len(every)}; set max_tokens to at least {budget} so no answer is "
+        f"cut off (fewer than {LONG_ANSWER_MIN_TOKENS} output tokens a request keeps each "
+        "answer short); or, when each must be a request of its own, send them concurrently "
+        "(asyncio.gather, a thread pool) within the rate limits; work that can wait hours: "
+        "the provider's batch API",
+        saving=Saving(_p50(costs), percentile(costs, 95), len(every) - merged),
+    )
