@@ -54,6 +54,7 @@ class BodyWatch:
         "encoding",
         "first_token_ns",
         "head",
+        "kept",
         "last",
         "parts",
         "previous",
@@ -76,6 +77,7 @@ class BodyWatch:
         self.last = b""
         #: Every chunk of a compressed body, None once it grew past KEEP_COMPRESSED.
         self.parts: list[bytes] | None = [] if self.compressed else None
+        self.kept = 0  # bytes in parts
         self._carry = b""
 
     def look(self, data: bytes, now: int) -> None:
@@ -86,7 +88,8 @@ class BodyWatch:
         parts = self.parts
         if parts is not None:
             parts.append(data)
-            if sum(map(len, parts)) > KEEP_COMPRESSED:
+            self.kept += len(data)
+            if self.kept > KEEP_COMPRESSED:
                 self.parts = None
                 self.watching = False
             return  # compressed bytes hold no visible token
