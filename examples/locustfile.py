@@ -43,12 +43,13 @@ class ChatUser(HttpUser):
     @task
     def stream(self) -> None:
         # Locust's response time for this one is the time to the response headers; the span's
-        # http.receive phase and gen_ai.response.time_to_first_chunk tell the rest. A with-block
+        # http.receive phase, llm_latency.time_to_first_token and, with the usage chunk that
+        # include_usage asks for, llm_latency.time_per_output_token tell the rest. A with-block
         # needs catch_response=True, and marks the request itself; every branch reads the body
         # to its end, so the span ends with the stream and the connection goes back to the pool.
         with self.client.post(
             "/v1/chat/completions",
-            json={**BODY, "stream": True},
+            json={**BODY, "stream": True, "stream_options": {"include_usage": True}},
             stream=True,
             catch_response=True,
             name="chat stream",

@@ -250,9 +250,11 @@ def check_every_request_span_has_its_phases(run: LocustRun) -> None:
     assert new_connections >= USERS  # a session, so a connection, per user
     streamed = [span for span in requests if "llm_latency.stream.events" in span.attributes]
     for span in streamed:  # read to the end: every event, and the time to the first one
-        # every token, the finish_reason chunk and [DONE]
-        assert span.attributes["llm_latency.stream.events"] == TOKENS + 2, span
+        # every token, the finish_reason chunk, the usage chunk and [DONE]
+        assert span.attributes["llm_latency.stream.events"] == TOKENS + 3, span
         assert span.attributes["gen_ai.response.time_to_first_chunk"] > 0, span
+        assert span.attributes["gen_ai.usage.output_tokens"] == TOKENS, span
+        assert span.attributes["llm_latency.time_per_output_token"] > 0, span
 
 
 def check_nothing_is_dropped(run: LocustRun) -> None:
