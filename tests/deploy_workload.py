@@ -11,7 +11,11 @@
    - two concurrent requests through a pool of one connection: the queue phase and pooled
      connections;
    - a 429, and a call through ``llm_latency.retry`` whose first attempt gets a 429: a retry;
-   - rate-limit headers (tests.servers sends ``x-ratelimit-remaining-*`` on every response).
+   - rate-limit headers (tests.servers sends ``x-ratelimit-remaining-*`` on every response);
+   - a streamed chat completion with ``stream_options.include_usage`` to the product's mock
+     server (``llm_latency.testing``), at ``llm.test`` too, which ends its stream with OpenAI's
+     usage chunk: the token usage (input and output), the time per output token and the time
+     to first token, by model (:data:`WORKLOAD_MODEL`) and host.
 
    The names are those the OpenTelemetry Collector's prometheus exporter produces
    (``translation_strategy: UnderscoreEscapingWithSuffixes``): opentelemetry-exporter-prometheus
@@ -62,6 +66,11 @@ README = DEPLOY / "README.md"
 
 #: The host name the workload calls; it is the server_address of every series it produces.
 WORKLOAD_HOST = "llm.test"
+#: The model of its streamed answers with usage: the gen_ai_response_model of the token series.
+WORKLOAD_MODEL = "test-model"
+#: The mock server's pace: a first token after 20 ms, then 8 tokens at 400 per second.
+WORKLOAD_TOKENS = 8
+WORKLOAD_TOKENS_PER_SECOND = 400.0
 
 
 def load_yaml(path: Path) -> Any:
@@ -237,7 +246,22 @@ async def _post(session: Any, url: str) -> int:
         return int(response.status)
 
 
-async def _round(number: int, server: Any, nameserver: str, client_ssl: ssl.SSLContext) -> None:
+async def _stream_with_usage(session: Any, url: str) -> None:
+    """A streamed chat completion that asks for its usage (OpenAI's ``include_usage``)."""
+    body = {
+        "model": WORKLOAD_MODEL,
+        "messages": [{"role": "user", "content": "count to eight"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with session.post(url, json=body) as response:
+        await response.read()
+        assert response.status == 200, response.status
+
+
+async def _round(
+    number: int, server: Any, mock: Any, nameserver: str, client_ssl: ssl.SSLContext
+) -> None:
     import aiohttp
 
     import llm_latency
@@ -261,11 +285,14 @@ async def _round(number: int, server: Any, nameserver: str, client_ssl: ssl.SSLC
                 await response.read()
 
         await retried()
+        # a streamed answer with usage: tokens, time per output token, time to first token
+        await _stream_with_usage(session, mock.url(host=WORKLOAD_HOST))
 
 
 async def _run(seconds: float, pause: float) -> int:
     import trustme
 
+    from llm_latency.testing import Profile, running
     from tests.servers import llm_server, slow_dns
 
     ca = trustme.CA()
@@ -274,12 +301,15 @@ async def _run(seconds: float, pause: float) -> int:
     client_ssl = ssl.create_default_context()
     ca.configure_trust(client_ssl)
     dns = slow_dns()  # A 127.0.0.1 for names under .test
+    profile = Profile(
+        ttfb=0.02, tokens=WORKLOAD_TOKENS, tokens_per_second=WORKLOAD_TOKENS_PER_SECOND
+    )
     rounds = 0
     try:
-        async with llm_server(ssl_context=server_ssl) as server:
+        async with llm_server(ssl_context=server_ssl) as server, running(profile) as mock:
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
-                await _round(rounds, server, dns.nameserver, client_ssl)
+                await _round(rounds, server, mock, dns.nameserver, client_ssl)
                 rounds += 1
                 await asyncio.sleep(pause)
     finally:

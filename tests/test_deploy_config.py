@@ -222,6 +222,9 @@ CONTRACT_HISTOGRAMS = (
     "gen_ai_client_operation_time_to_first_chunk_seconds",
     "http_client_connection_duration_seconds",
     "llm_latency_event_loop_lag_seconds",
+    "gen_ai_client_token_usage",
+    "llm_latency_time_per_output_token_seconds",
+    "llm_latency_time_to_first_token_seconds",
 )
 CONTRACT_SERIES = (
     "llm_latency_retries_total",
@@ -253,6 +256,7 @@ SEMANTIC_CONVENTION_METRICS = (
     "http_client_connection_duration_seconds",
     "http_client_open_connections",
     "http_client_active_requests",
+    "gen_ai_client_token_usage",
 )
 
 
@@ -333,6 +337,7 @@ def test_semantic_convention_metrics_are_selected_by_llm_latency_scope() -> None
                 match.group(0),
             )
     assert {"http_client_open_connections", "http_client_active_requests"} <= found
+    assert "gen_ai_client_token_usage_sum" in found
 
 
 # -- Grafana ---------------------------------------------------------------------------------
@@ -486,6 +491,65 @@ def test_dashboard_has_the_connection_pool_row() -> None:
         assert all(f"{metric}_bucket{{" in q for q in quantiles), title
     queue = panels["Queue time (waiting for a connection)"]
     assert all('llm_latency_phase="queue"' in t["expr"] for t in queue["targets"])
+
+
+def test_dashboard_has_the_token_row() -> None:
+    """The server's share, per model and host: output and input tokens per second (the token
+    usage histogram's _sum, by token type), the time per output token's p50 and p95 with the
+    decode speed 1 / p50 in tokens/s on the right axis, the time to first token's p50 and p95."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = {
+        panel["title"]: panel for panel in row_panels(dashboard, "Tokens: the server's share")
+    }
+    assert set(panels) == {
+        "Output tokens per second by model and host",
+        "Input tokens per second by model and host",
+        "Time per output token (decode), p50 and p95 by model and host",
+        "Time to first token, p50 and p95 by model and host",
+    }
+    by = "gen_ai_response_model, server_address"
+    for kind in ("output", "input"):
+        panel = panels[f"{kind.capitalize()} tokens per second by model and host"]
+        (target,) = panel["targets"]
+        assert target["expr"].startswith(f"sum by ({by}) (rate(gen_ai_client_token_usage_sum{{")
+        assert f'gen_ai_token_type="{kind}"' in target["expr"]
+        assert panel["fieldConfig"]["defaults"]["unit"] == "suffix: tok/s"
+
+    tpot = panels["Time per output token (decode), p50 and p95 by model and host"]
+    ttft = panels["Time to first token, p50 and p95 by model and host"]
+    for panel, metric in (
+        (tpot, "llm_latency_time_per_output_token_seconds"),
+        (ttft, "llm_latency_time_to_first_token_seconds"),
+    ):
+        assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+        exprs = {target["refId"]: target["expr"] for target in panel["targets"]}
+        for ref, quantile in (("A", "0.5"), ("B", "0.95")):
+            assert exprs[ref].startswith(f"histogram_quantile({quantile}, sum by (le, {by}) ("), ref
+            assert f"{metric}_bucket{{" in exprs[ref]
+        for target in panel["targets"]:
+            assert "{{gen_ai_response_model}} {{server_address}}" in target["legendFormat"]
+    exprs = {target["refId"]: target["expr"] for target in tpot["targets"]}
+    assert exprs["C"] == f"1 / {exprs['A']}"  # decode speed: 1 / p50
+    (override,) = tpot["fieldConfig"]["overrides"]
+    assert override["matcher"] == {"id": "byFrameRefID", "options": "C"}
+    properties = {p["id"]: p["value"] for p in override["properties"]}
+    assert properties["unit"] == "suffix: tok/s"
+    assert properties["custom.axisPlacement"] == "right"
+
+
+def test_the_panels_do_not_overlap_and_have_unique_ids() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard_panels(dashboard, rows=True)
+    ids = [panel["id"] for panel in panels]
+    assert len(ids) == len(set(ids)), ids
+    cells: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, (panel["title"], cells.get((x, y)))
+                cells[(x, y)] = panel["title"]
 
 
 #: The gauges of the connection pool: an instance that stopped keeps its last values in the

@@ -11,14 +11,17 @@ promql-parser AST): a comparison with a number is evaluated without its threshol
 of ``and``/``or`` are evaluated, ``absent(x)`` evaluates ``x``. For example LLMWaitP95High
 evaluates ``histogram_quantile(0.95, ...)`` without ``> 30``, and LLMNoRequests evaluates
 ``group by (job) (last_over_time(http_client_request_duration_seconds_count{...}[1d]))`` (the
-left side of its ``unless``). The rules are
-also loaded into this Prometheus, which must evaluate each of them without error.
+left side of its ``unless``). A baseline read ``offset`` into the past
+(LLMTimePerOutputTokenRegressed: the day before the last 30 minutes) is evaluated without its
+offset: the series it reads are the same, and a short run has no past. The rules are also
+loaded into this Prometheus, which must evaluate each of them without error.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import socket
 import subprocess
@@ -34,12 +37,15 @@ import pytest
 import yaml
 
 from llm_latency.metrics import SETUP_PHASES
-from llm_latency.semconv import DURATION_BUCKETS
+from llm_latency.semconv import DURATION_BUCKETS, TOKEN_INTERVAL_BUCKETS
 from llm_latency.timeline import PHASE_NAMES
 from tests.deploy_workload import (
     ROOT,
     RULES_FILE,
     WORKLOAD_HOST,
+    WORKLOAD_MODEL,
+    WORKLOAD_TOKENS,
+    WORKLOAD_TOKENS_PER_SECOND,
     Query,
     all_queries,
     data_checks,
@@ -173,16 +179,23 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
 SPAN_METRICS = "traces_span_metrics_"
 
 
+def without_offsets(promql: str) -> str:
+    """``promql`` with every ``offset`` modifier removed: a baseline of the past, read now."""
+    return re.sub(r"\s+offset\s+-?[0-9][0-9a-z]*", "", promql)
+
+
 def checks() -> list[tuple[Query, str]]:
     """(query, PromQL that must return data): the dashboard's and datasources' queries as they
-    are; each alert as the parts of it that must have data (data_checks). Not the parts that
-    read the Collector's span metrics (:data:`SPAN_METRICS`)."""
+    are; each alert as the parts of it that must have data (data_checks), without their offsets
+    (:func:`without_offsets`). Not the parts that read the Collector's span metrics
+    (:data:`SPAN_METRICS`)."""
     import promql_parser
 
     result = []
     for query in all_queries():
         if query.alert:
-            parts = [str(part) for part in data_checks(promql_parser.parse(query.promql))]
+            parsed = data_checks(promql_parser.parse(query.promql))
+            parts = [without_offsets(str(part)) for part in parsed]
             result += [(query, part) for part in parts if SPAN_METRICS not in part]
         elif SPAN_METRICS not in query.promql:
             result.append((query, query.promql))
@@ -219,10 +232,11 @@ def test_alerts_are_taken_apart_into_their_series() -> None:
     for query, promql in CHECKS:
         if query.alert:
             by_alert.setdefault(query.where, []).append(promql)
-    assert len(by_alert) == 8  # LLMWaitP95High reads span metrics only: tests/e2e checks it
+    assert len(by_alert) == 9  # LLMWaitP95High reads span metrics only: tests/e2e checks it
     for parts in by_alert.values():
         for part in parts:
             assert not part.endswith(("> 30", "> 10", "> 0.5", "< 5", "== 0", "> 0")), part
+            assert not part.endswith(("> 1.5", "> 0.05", "> 0.01")) and "offset" not in part
     # "A unless B" is checked on A: the jobs remembered for a day (no absent() branch).
     assert by_alert["alert LLMNoRequests"] == [
         "group by (job)(last_over_time("
@@ -234,6 +248,16 @@ def test_alerts_are_taken_apart_into_their_series() -> None:
     assert by_alert["alert LLMConnectionPoolSaturated"] == [
         "sum by (job, instance, server_address, server_port)(llm_latency_pool_waiting{})",
         'increase(http_client_request_duration_seconds_count{otel_scope_name="llm_latency"}[5m])',
+    ]
+    # "recent p50 / baseline p50 > 1.5 and recent rate > 0.05 and baseline rate > 0.01": the
+    # ratio, the two rates; the baseline's "[1d] offset 30m" read as "[1d]".
+    by = "sum by (job, server_address, gen_ai_response_model)"
+    tpot = 'llm_latency_time_per_output_token_seconds_{}{{otel_scope_name="llm_latency"}}[{}]'
+    p50 = f"histogram_quantile(0.5, {by[:-1]}, le)(rate({tpot})))"
+    assert by_alert["alert LLMTimePerOutputTokenRegressed"] == [
+        f"{p50.format('bucket', '30m')} / {p50.format('bucket', '1d')}",
+        f"{by}(rate({tpot.format('count', '30m')}))",
+        f"{by}(rate({tpot.format('count', '1d')}))",
     ]
 
 
@@ -311,12 +335,51 @@ def test_the_workload_exports_the_connection_pool_metrics(
         for series in prometheus.query("last_over_time(http_client_open_connections[5m])")
     }
     assert "active" in states and states <= {"active", "idle"}, states
-    (limit,) = prometheus.query(
+    # one series a port (the TLS server's, the mock server's), through the same pool of one
+    limits = prometheus.query(
         f'min_over_time(llm_latency_pool_limit{{server_address="{WORKLOAD_HOST}"}}[5m])'
     )
-    assert float(limit["value"][1]) == 1.0
+    assert limits and {float(limit["value"][1]) for limit in limits} == {1.0}, limits
     (closed,) = prometheus.query("sum(http_client_connection_duration_seconds_count)")
     assert float(closed["value"][1]) > 0  # each round's session closes its connection
+
+
+def test_the_workload_exports_the_token_metrics(
+    prometheus: Prometheus, answers: dict[str, list[Any]]
+) -> None:
+    """The token usage, time per output token and time to first token of the streamed answers
+    with usage, named as the collector exports them, by model and host; the token counts are
+    the mock server's (its answer's length), the time per output token near its pace."""
+    names = set(prometheus.get("/api/v1/label/__name__/values")["data"])
+    histograms = (
+        "gen_ai_client_token_usage",
+        "llm_latency_time_per_output_token_seconds",
+        "llm_latency_time_to_first_token_seconds",
+    )
+    expected = {f"{h}_{suffix}" for h in histograms for suffix in ("bucket", "sum", "count")}
+    assert expected <= names, sorted(expected - names)
+    for name in expected:
+        for series in prometheus.query(f'{name}{{gen_ai_response_model="{WORKLOAD_MODEL}"}}'):
+            labels = series["metric"]
+            assert labels["server_address"] == WORKLOAD_HOST, (name, labels)
+            assert labels["otel_scope_name"] == "llm_latency", (name, labels)
+    model = f'{{gen_ai_response_model="{WORKLOAD_MODEL}"}}'
+    usage = prometheus.query(
+        f"gen_ai_client_token_usage_sum{model} / gen_ai_client_token_usage_count{model}"
+    )
+    per_call = {s["metric"]["gen_ai_token_type"]: float(s["value"][1]) for s in usage}
+    assert per_call == {"input": 3.0, "output": float(WORKLOAD_TOKENS)}  # "count to eight"
+    (tpot,) = prometheus.query(
+        "llm_latency_time_per_output_token_seconds_sum"
+        " / llm_latency_time_per_output_token_seconds_count"
+    )
+    pace = 1 / WORKLOAD_TOKENS_PER_SECOND
+    assert pace <= float(tpot["value"][1]) < 4 * pace, tpot
+    buckets = {
+        float(series["metric"]["le"])
+        for series in prometheus.query("llm_latency_time_per_output_token_seconds_bucket")
+    }
+    assert sorted(buckets) == [*TOKEN_INTERVAL_BUCKETS, float("inf")]
 
 
 def test_prometheus_evaluates_every_rule_without_error(
@@ -324,6 +387,6 @@ def test_prometheus_evaluates_every_rule_without_error(
 ) -> None:
     groups = prometheus.get("/api/v1/rules")["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 9
+    assert len(rules) == 10
     for rule in rules:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))

@@ -3,6 +3,7 @@ series, and an alert that reaches Alertmanager."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -13,11 +14,13 @@ from tests.deploy_workload import (
     Query,
     alert_rules,
     dashboard_queries,
+    data_checks,
     datasource_queries,
     substitute,
 )
 from tests.e2e.bundle import get_json, wait_for
 from tests.e2e.conftest import ALERT_SECONDS, Run, report
+from tests.e2e.workload import DECODE_LINE, SLOWING_MODEL, STEADY_MODEL
 
 #: The scenario (host name) of tests/e2e/workload.py's ``alerts`` mode that makes each rule's
 #: expression true. LLMNoRequests is about a job, not a host: see its own test.
@@ -51,8 +54,14 @@ def hosts(result: list[dict[str, Any]], job: str = "e2e-alerts") -> set[str]:
     }
 
 
+#: The alerts that compare an endpoint with its own past (a day before), which a run of minutes
+#: does not have: the scenario (host, model) whose expression, with its windows scaled to the
+#: run, is true (see its own test). LLMNoRequests: see its own test too.
+BASELINES = {"LLMTimePerOutputTokenRegressed": ("slow-decode.test", SLOWING_MODEL)}
+
+
 def test_every_alert_is_checked_here() -> None:
-    assert {rule["alert"] for rule in alert_rules()} == {*FIRES_ON, "LLMNoRequests"}
+    assert {rule["alert"] for rule in alert_rules()} == {*FIRES_ON, *BASELINES, "LLMNoRequests"}
 
 
 @pytest.mark.parametrize("alert", sorted(FIRES_ON))
@@ -100,6 +109,65 @@ def test_an_alert_reaches_alertmanager(run: Run) -> None:
     ]
     assert scenario["labels"]["job"] == "e2e-alerts"
     assert all(alert["annotations"]["runbook"] for alert in alerts)
+
+
+def scaled(expr: str, recent: str, offset: str, baseline: str) -> str:
+    """LLMTimePerOutputTokenRegressed's expression with its windows replaced: the last 30
+    minutes by ``recent``, the offset of its baseline by ``offset``, the day before by
+    ``baseline``. The thresholds stay."""
+    windows = {"[30m]": f"[{recent}]", "offset 30m": f"offset {offset}", "[1d]": f"[{baseline}]"}
+    for old, new in windows.items():
+        assert old in expr, old
+        expr = expr.replace(old, new)
+    return expr
+
+
+def decode_phases(run: Run) -> tuple[float, float, float]:
+    """When the slow-decode scenario started, when slowing-model slowed down, when it ended."""
+    pattern = re.escape(DECODE_LINE).replace(re.escape("{start:.3f}"), r"([\d.]+)")
+    pattern = pattern.replace(re.escape("{slower:.3f}"), r"([\d.]+)")
+    pattern = pattern.replace(re.escape("{end:.3f}"), r"([\d.]+)")
+    match = re.search(pattern, run.alerts.log_text())
+    assert match, f"no {DECODE_LINE!r} in the alerts workload's log"
+    start, slower, end = (float(value) for value in match.groups())
+    return start, slower, end
+
+
+def test_time_per_output_token_regressed_is_true_for_the_slowed_model(alerts_done: Run) -> None:
+    """The real expression evaluates on the real series (and is false: no day of baseline);
+    with its windows scaled to the run, evaluated at the end of the run, it is true for the
+    model that slowed and not for the steady one at the same host. The recent window is the
+    slow half (from 2 s after the slowdown: one export), the baseline the fast half before it."""
+    import promql_parser
+
+    (rule,) = [r for r in alert_rules() if r["alert"] == "LLMTimePerOutputTokenRegressed"]
+    host, model = BASELINES["LLMTimePerOutputTokenRegressed"]
+    assert query(alerts_done, rule["expr"]) == []
+    start, slower, end = decode_phases(alerts_done)
+    at = end + 15  # a scrape (15 s) after the last answer
+    recent = f"{round((at - slower - 2) * 1000)}ms"
+    baseline = f"{round((slower + 2 - start) * 1000)}ms"
+    expr = scaled(rule["expr"], recent, recent, baseline)
+    result = query(alerts_done, expr, at)
+    fired = {
+        (series["metric"]["server_address"], series["metric"]["gen_ai_response_model"])
+        for series in result
+        if series["metric"].get("job") == "e2e-alerts"
+    }
+    assert (host, model) in fired, (expr, result)
+    assert (host, STEADY_MODEL) not in fired
+    ratio_expr = str(data_checks(promql_parser.parse(expr))[0])
+    ratios = {
+        series["metric"]["gen_ai_response_model"]: float(series["value"][1])
+        for series in query(alerts_done, ratio_expr, at)
+        if series["metric"].get("server_address") == host
+    }
+    assert ratios[STEADY_MODEL] < 1.5 < ratios[model], ratios
+    report(
+        f"LLMTimePerOutputTokenRegressed (recent {recent}, baseline {baseline} before it): "
+        f"expression true for {model} at {host} ({ratios[model]:.2f}x), "
+        f"not for {STEADY_MODEL} ({ratios[STEADY_MODEL]:.2f}x)"
+    )
 
 
 @pytest.fixture(scope="module")

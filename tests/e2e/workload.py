@@ -9,7 +9,11 @@ truth that Jaeger's answers are compared with.
   burst through a pool of two (aiohttp).
 - ``alerts``: for ``--seconds``, one scenario per host name (``<scenario>.test``, resolved by a
   DNS server of its own), each the cause of one alert of the bundle's rules; ``healthy.test``
-  causes none.
+  causes none. ``slow-decode.test`` is the product's mock server (``llm_latency.testing``),
+  streaming answers with usage (OpenAI's ``include_usage``) of two models: ``steady-model``
+  keeps its pace, ``slowing-model`` decodes five times slower in the second half of the run
+  (the token metrics, and LLMTimePerOutputTokenRegressed); the scenario prints when each half
+  began and when it ended (:data:`DECODE_LINE`).
 - ``steady``: one call every ``--pause`` seconds for ``--seconds``, for the fault tests.
 - ``steady --lazy``: the same, with the SDK set up by llm-latency from ``OTEL_*`` (the test's
   environment), as for a program that sets up nothing itself: its one warning, its exit budget.
@@ -164,7 +168,18 @@ async def scripted_calls() -> None:
 
 #: The alert scenarios, each a host name of its own (server_address): tests/e2e/test_metrics.py.
 SCENARIOS = ["healthy", "slow-wait", "slow-stream", "rate-limited", "retried", "fresh", "slow-dns",
-             "nearly-out", "pool"]  # fmt: skip
+             "nearly-out", "pool", "slow-decode"]  # fmt: skip
+
+#: slow-decode.test's models, and their pace (tokens per second): both decode at FAST, then
+#: slowing-model at SLOW from the middle of the run.
+STEADY_MODEL = "steady-model"
+SLOWING_MODEL = "slowing-model"
+DECODE_TOKENS = 20
+FAST_TOKENS_PER_SECOND = 200.0
+SLOW_TOKENS_PER_SECOND = 40.0
+#: The line the slow-decode scenario prints at its end (wall-clock times, s): when it started,
+#: when slowing-model slowed down, and when it stopped.
+DECODE_LINE = "slow-decode: from {start:.3f}, slower from {slower:.3f}, until {end:.3f}"
 
 
 def _tls() -> tuple[ssl.SSLContext, ssl.SSLContext]:
@@ -210,9 +225,49 @@ async def alert_scenarios(seconds: float) -> None:
                 async with client.post(url, json={}, raise_for_status=True) as response:
                     await response.read()
 
+            async def slow_decode(client: aiohttp.ClientSession) -> None:
+                profiles = {
+                    model: Profile(
+                        ttfb=0.01, tokens=DECODE_TOKENS, tokens_per_second=FAST_TOKENS_PER_SECOND
+                    )
+                    for model in (STEADY_MODEL, SLOWING_MODEL)
+                }
+                async with (
+                    running(profiles[STEADY_MODEL]) as steady_server,
+                    running(profiles[SLOWING_MODEL]) as slowing_server,
+                ):
+                    urls = {
+                        STEADY_MODEL: steady_server.url(host="slow-decode.test"),
+                        SLOWING_MODEL: slowing_server.url(host="slow-decode.test"),
+                    }
+
+                    async def stream(model: str) -> None:
+                        body = {
+                            "model": model,
+                            "messages": [{"role": "user", "content": "tell me a story"}],
+                            "stream": True,
+                            "stream_options": {"include_usage": True},
+                        }
+                        async with client.post(urls[model], json=body) as response:
+                            await response.read()
+
+                    async def slow_down() -> float:
+                        await asyncio.sleep((deadline - time.monotonic()) / 2)
+                        slowing_server.state.profile.tokens_per_second = SLOW_TOKENS_PER_SECOND
+                        return time.time()
+
+                    start = time.time()
+                    slower, *_ = await asyncio.gather(
+                        slow_down(),
+                        loop(0.1, lambda: stream(STEADY_MODEL)),
+                        loop(0.1, lambda: stream(SLOWING_MODEL)),
+                    )
+                    end = time.time()
+                print(DECODE_LINE.format(start=start, slower=slower, end=end), flush=True)
+
             calls = itertools.count()
 
-            async with session() as pooled, session(limit=1) as narrow:
+            async with session() as pooled, session(limit=1) as narrow, session() as decoding:
                 await asyncio.gather(
                     loop(0.5, lambda: post(pooled, "healthy.test", wait=0.02)),
                     loop(0, lambda: post(pooled, "slow-wait.test", wait=31)),
@@ -230,6 +285,7 @@ async def alert_scenarios(seconds: float) -> None:
                         ),
                     ),
                     *(loop(0, lambda: post(narrow, "pool.test", wait=1.0)) for _ in range(3)),
+                    slow_decode(decoding),
                 )
     finally:
         dns.stop()
