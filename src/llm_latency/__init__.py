@@ -43,6 +43,7 @@ def instrument(
     phase_metrics: Literal["setup", "all"] = "setup",
     configure: bool = True,
     time_per_output_chunk: bool = False,
+    propagate: bool | None = None,
 ) -> None:
     """Trace every HTTP attempt of the installed clients, phase by phase, and record metrics.
 
@@ -74,6 +75,11 @@ def instrument(
         time_per_output_chunk: also record ``gen_ai.client.operation.time_per_output_chunk``,
             one histogram record per body chunk of a streamed response after the first (off by
             default: it costs one SDK record per chunk; docs/overhead.md gives the measure).
+        propagate: inject the trace context (``traceparent``, or what ``OTEL_PROPAGATORS``
+            names) into each request, as OpenTelemetry does by default. False keeps it off
+            the wire, for providers that must not see the program's trace ids or gateways that
+            refuse unknown headers; the spans stay as they are. None (the default): the
+            ``OTEL_PYTHON_LLM_LATENCY_PROPAGATE`` variable (``false`` turns it off), else on.
 
     Calling it again while instrumented does nothing.
     """
@@ -92,6 +98,7 @@ def instrument(
         phase_spans=phase_spans,
         phase_span_fast_path=phase_span_fast_path,
         time_per_output_chunk=time_per_output_chunk,
+        propagate=propagate,
         phase_metrics=phase_metrics,
         before_first_request=configure_if_unset if configure_later else None,
     )

@@ -71,8 +71,11 @@ class Emitter:
         phase_metrics: str = "setup",
         before_first_request: Callable[[], None] | None = None,
         time_per_output_chunk: bool = False,
+        propagate: bool = True,
     ) -> None:
         self.phase_spans = phase_spans
+        #: Inject the trace context into each request (``instrument(propagate=...)``).
+        self.propagate = propagate
         #: Opt-in: keep each body chunk's interval for the time-per-output-chunk histogram.
         self.time_per_output_chunk = time_per_output_chunk
         #: The response headers captured as span attributes.
@@ -163,7 +166,7 @@ class Emitter:
             if monitor is not None:
                 monitor.attempt_started()
                 record.loop_monitor = monitor
-        if carrier is not None:
+        if carrier is not None and self.propagate:
             propagate.inject(carrier, context=set_span_in_context(span))
         return span
 
@@ -188,6 +191,10 @@ class Emitter:
                     self._attempt_ends(record, None, None)
                 except Exception:
                     pass  # already reported
+        finally:
+            # The exception's traceback holds the frames that hold this Timeline: with the
+            # reference kept, a failed request would live until the next cyclic collection.
+            timeline.error = None
 
     def finish_failed(self, timeline: Timeline, error: BaseException) -> None:
         """End the attempt with ``error``, the exception the program is about to see (it

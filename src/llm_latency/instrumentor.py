@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Collection, Iterable
@@ -218,6 +219,19 @@ def _load(name: str, target: Target, emitter: Emitter) -> Adapter | None:
     return adapter
 
 
+#: ``false`` (or ``0``, ``no``, ``off``) keeps the trace context off the wire.
+PROPAGATE_VARIABLE = "OTEL_PYTHON_LLM_LATENCY_PROPAGATE"
+
+
+def propagation_wanted(given: object) -> bool:
+    """Whether requests carry the trace context: ``given`` (``instrument(propagate=...)``)
+    when set, else the environment variable, else yes."""
+    if given is not None:
+        return bool(given)
+    value = os.environ.get(PROPAGATE_VARIABLE, "").strip().lower()
+    return value not in ("false", "0", "no", "off")
+
+
 class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Phase-level tracing and metrics for the HTTP clients LLM SDKs use.
 
@@ -276,6 +290,7 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             phase_metrics=str(kwargs.get("phase_metrics", "setup")),
             before_first_request=before_first_request,
             time_per_output_chunk=bool(kwargs.get("time_per_output_chunk", False)),
+            propagate=propagation_wanted(kwargs.get("propagate")),
         )
         self.emitter = self._live = emitting.active = emitter
         self._adapters = []

@@ -224,8 +224,9 @@ class Timeline:
     # -- end ----------------------------------------------------------------------------------
 
     def fail(self, error: BaseException, at: int | None = None) -> None:
-        """Record the exception that ended the attempt, in the phase it interrupted."""
-        if self.error is None:
+        """Record the exception that ended the attempt, in the phase it interrupted (once, and
+        not after the attempt ended)."""
+        if self.error is None and not self.ended:
             self.error = error
             current = self._current
             self.failed_phase = current if current >= 0 else None

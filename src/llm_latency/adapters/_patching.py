@@ -185,6 +185,9 @@ def _sync_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch
                     on_error(state, exc)
                 except Exception:
                     _settle(hook, state, where, report)
+            # The exception's traceback keeps this frame: without the plugin's state in it, a
+            # failed request leaves nothing of the plugin's for the cyclic collector.
+            state = None
             raise
         if after is None:
             return result
@@ -313,6 +316,9 @@ def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switc
                     on_error(state, exc)
                 except Exception:
                     _settle(hook, state, where, report)
+            # The exception's traceback keeps this frame: without the plugin's state in it, a
+            # failed request leaves nothing of the plugin's for the cyclic collector.
+            state = None
             raise
         if after is None:
             return result

@@ -75,6 +75,15 @@ _RETRIES_AT: Final = 4
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
+def _with(headers: Any, carrier: dict[str, str]) -> Any:
+    """A copy of ``headers`` (of its own type when it can copy itself: an ``HTTPHeaderDict``
+    keeps its repeated fields) with ``carrier``'s fields added."""
+    copy = getattr(headers, "copy", None)
+    sent = copy() if callable(copy) else dict(headers)
+    sent.update(carrier)
+    return sent
+
+
 def _resend_count(retries: Any, headers: Any) -> int:
     """urllib3's own retries so far, else what a retry-count header says (botocore retries
     in its own loop, one ``urlopen`` per attempt)."""
@@ -183,17 +192,11 @@ class RequestsAdapter:
         method = argument(args, kwargs, 0, "method")
         url = argument(args, kwargs, 1, "url")
         headers = argument(args, kwargs, _HEADERS_AT, "headers")
-        rewrite = headers is None
-        if rewrite:  # urllib3 would send the pool's headers: a copy of them, to add traceparent
-            headers = dict(pool.headers)
-            if len(args) > _HEADERS_AT:
-                args = (*args[:_HEADERS_AT], headers, *args[_HEADERS_AT + 1 :])
-            else:
-                kwargs = {**kwargs, "headers": headers}
         timeline = Timeline(method, _full_url(pool, url))
         timeline.client = "urllib3"
         timeline.resend_count = _resend_count(
-            argument(args, kwargs, _RETRIES_AT, "retries"), headers
+            argument(args, kwargs, _RETRIES_AT, "retries"),
+            pool.headers if headers is None else headers,
         )
         if pool.proxy is not None:
             timeline.proxy_url = pool.proxy.url
@@ -210,7 +213,16 @@ class RequestsAdapter:
         try:
             carrier: dict[str, str] = {}
             self._emitter.start(timeline, host, port, path or "/", carrier)
-            headers.update(carrier)
+            rewrite = bool(carrier)
+            if rewrite:
+                # Into a copy: the mapping urlopen got is the program's (a dict, an
+                # HTTPHeaderDict, requests' PreparedRequest.headers) or the pool's defaults,
+                # which urllib3 promises never to change.
+                headers = _with(pool.headers if headers is None else headers, carrier)
+                if len(args) > _HEADERS_AT:
+                    args = (*args[:_HEADERS_AT], headers, *args[_HEADERS_AT + 1 :])
+                else:
+                    kwargs = {**kwargs, "headers": headers}
         except BaseException:
             attempt.end()
             if call_token is not None:

@@ -1,0 +1,153 @@
+"""A failed request is freed as the client alone would free it: after refused connections, the
+objects that only the cyclic garbage collector reclaims hold nothing of llm-latency's (no
+Timeline, attempt, call or span kept alive by the exception's traceback), and a client that
+leaves no cycle of its own (httpx) leaves none with llm-latency either.
+
+What remains for the collector beside a client's own cycle (urllib3's, requests', aiohttp's
+exceptions refer to themselves through their tracebacks) is the hook frames in that traceback:
+the program's exception passes through them, and its own cycle keeps them as it keeps the
+client's frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+import requests
+import urllib3
+
+import llm_latency
+from tests.conftest import Telemetry
+
+FAILURES = 5
+#: What each client raises for a refused connection.
+REFUSED = (
+    OSError,
+    aiohttp.ClientError,
+    httpx.HTTPError,
+    requests.RequestException,
+    urllib3.exceptions.HTTPError,
+)
+
+
+def refused_url() -> str:
+    """A loopback URL nothing listens on (the port was free a moment ago)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
+@contextmanager
+def cyclic_garbage() -> Iterator[list[Any]]:
+    """The objects that only the cyclic collector frees, made in the block."""
+    gc.collect()
+    gc.disable()
+    found: list[Any] = []
+    try:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        yield found
+        gc.collect()
+        found.extend(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+def plugin_objects(objects: list[Any]) -> list[str]:
+    return [
+        type(o).__qualname__
+        for o in objects
+        if type(o).__module__.startswith(("llm_latency", "opentelemetry"))
+    ]
+
+
+def failing(client: str, url: str) -> tuple[Callable[[], Awaitable[None]], Callable[[], Any]]:
+    """One failed request with ``client`` (awaitable), and how to close what it used."""
+    if client == "aiohttp":
+        holder: dict[str, aiohttp.ClientSession] = {}
+
+        async def aiohttp_once() -> None:
+            session = holder.setdefault("session", aiohttp.ClientSession())
+            async with session.post(url, json={}) as response:
+                await response.read()
+
+        return aiohttp_once, lambda: holder["session"].close()
+    if client == "httpx async":
+        async_client = httpx.AsyncClient()
+
+        async def httpx_once() -> None:
+            await async_client.post(url, json={})
+
+        return httpx_once, async_client.aclose
+    if client == "httpx":
+        sync_client = httpx.Client()
+
+        def work() -> Any:
+            return sync_client.post(url, json={})
+
+        close: Callable[[], Any] = sync_client.close
+    elif client == "requests":
+        session = requests.Session()
+
+        def work() -> Any:
+            return session.post(url, json={}, timeout=10)
+
+        close = session.close
+    else:
+        manager = urllib3.PoolManager(retries=False)
+
+        def work() -> Any:
+            return manager.request("POST", url, body=b"{}")
+
+        close = manager.clear
+
+    async def sync_once() -> None:
+        work()  # on the test's thread: the collector's count is of this thread's objects too
+
+    return sync_once, close
+
+
+async def garbage_after_failures(client: str) -> list[Any]:
+    once, close = failing(client, refused_url())
+    with pytest.raises(REFUSED):
+        await once()  # warm: imports, pools, the first-request set-up
+    with cyclic_garbage() as found:
+        for _ in range(FAILURES):
+            with pytest.raises(REFUSED):
+                await once()
+    closed = close()
+    if asyncio.iscoroutine(closed):
+        await closed
+    return found
+
+
+CLIENTS = ["aiohttp", "httpx", "httpx async", "requests", "urllib3"]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_failed_requests_leave_nothing_of_the_plugin_for_the_collector(
+    client: str,
+) -> None:
+    llm_latency.uninstrument()
+    plain = len(await garbage_after_failures(client))
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        found = await garbage_after_failures(client)
+    finally:
+        llm_latency.uninstrument()
+    assert len(telemetry.requests()) == FAILURES + 1  # every attempt was traced
+    assert plugin_objects(found) == []
+    if client.startswith("httpx"):
+        # httpx's failures make no cycle: neither may the plugin's.
+        assert (plain, len(found)) == (0, 0)
