@@ -21,6 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.servers import serving
+
 WAIT = 0.05  # the model's "processing" before the headers
 TOKENS = ["Hello", ",", " world", "!"]
 TOKEN_GAP = 0.02
@@ -234,12 +236,5 @@ async def bedrock_server() -> AsyncIterator[BedrockServer]:
     app.router.add_post("/model/{model}/invoke-with-response-stream", _invoke_stream)
     app.router.add_post("/knowledgebases/{kb}/retrieve", _retrieve)
     app.router.add_route("HEAD", "/{bucket}", _head_bucket)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serving(app) as server.port:
         yield server
-    finally:
-        await runner.cleanup()

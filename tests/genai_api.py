@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.servers import serving
+
 WAIT = 0.05  # server "processing" before the headers
 TOKENS = ["Hello", ",", " world", "!"]
 TOKEN_GAP = 0.02
@@ -214,12 +216,5 @@ async def genai_server() -> AsyncIterator[GenAIServer]:
     app.router.add_post("/mistral/v1/chat/completions", _openai_style("mistral", "mistral-test"))
     app.router.add_post("/groq/openai/v1/chat/completions", _openai_style("groq", "groq-test"))
     app.router.add_post("/cohere/v2/chat", _cohere)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serving(app) as server.port:
         yield server
-    finally:
-        await runner.cleanup()

@@ -161,6 +161,19 @@ async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncI
         await runner.cleanup()
 
 
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[int]:
+    """``app`` on a free loopback port for the length of the block: its port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
+
+
 # -- a DNS server that answers after a delay --------------------------------------------------
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import socket
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +25,7 @@ import urllib3
 
 import llm_latency
 from tests.conftest import Telemetry
+from tests.servers import unused_port
 
 FAILURES = 5
 #: What each client raises for a refused connection.
@@ -39,11 +39,8 @@ REFUSED = (
 
 
 def refused_url() -> str:
-    """A loopback URL nothing listens on (the port was free a moment ago)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1/chat/completions"
+    """A loopback URL nothing listens on."""
+    return f"http://127.0.0.1:{unused_port()}/v1/chat/completions"
 
 
 @contextmanager

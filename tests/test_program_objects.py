@@ -21,6 +21,7 @@ from urllib3 import HTTPHeaderDict
 
 import llm_latency
 from tests.conftest import Telemetry
+from tests.servers import serving
 
 PATH = "/v1/chat/completions"
 
@@ -52,15 +53,8 @@ async def peer() -> AsyncIterator[Peer]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serving(app) as server.port:
         yield server
-    finally:
-        await runner.cleanup()
 
 
 def snapshot(headers: Any) -> list[tuple[str, str]]:
