@@ -93,8 +93,6 @@ class BodyWatch:
                 self.parts = None
                 self.watching = False
             return  # compressed bytes hold no visible token
-        if self.compressed:
-            return
         if not self.streamed:
             self.watching = False
             return
