@@ -361,9 +361,18 @@ def test_mixed_run_reads_as_a_report(browser: Browser, tmp_path: Path) -> None:
             assert page.locator("#findings .finding[data-rule='rate-limits']").count() == 1
             conclusion = page.locator(".conclusion").inner_text()
             assert "connection refused" in conclusion and "timed out" in conclusion
-            # E2 answered fastest but not always: the ranking says so, with its failure rate.
+            # The fastest answered, but not always (E2, 150 ms sooner than E1 unless the machine
+            # was too busy to keep the lead; both failed 1 of 3): the ranking says so, with the
+            # failure rate.
+            fastest = min(
+                (i for i, url in enumerate(endpoints) if "total" in endpoints[url]),
+                key=lambda i: endpoints[list(endpoints)[i]]["total"]["p50"],
+            )
+            assert fastest in (0, 1)
             assert "Fastest successful answers" in conclusion
-            assert "E2 is fastest only when it answers: 33% failed, 1 of 3" in conclusion
+            assert f"E{fastest + 1} is fastest only when it answers: 33% failed, 1 of 3" in (
+                conclusion
+            )
             assert "no successful answer from" in conclusion  # E3 timed out, E4 was refused
             failed_column = compared.nth(3).locator("td").all_inner_texts()[3]
             assert failed_column == "100%"
