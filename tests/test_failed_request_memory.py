@@ -1,20 +1,26 @@
 """A failed request is freed as the client alone would free it: after refused connections, the
 objects that only the cyclic garbage collector reclaims hold nothing of llm-latency's (no
-Timeline, attempt, call or span kept alive by the exception's traceback), and a client that
-leaves no cycle of its own (httpx) leaves none with llm-latency either.
+Timeline, attempt, call or span kept alive by the exception's traceback), and are as many as
+without the plugin but for the hooks' own frames, emptied.
 
-What remains for the collector beside a client's own cycle (urllib3's, requests', aiohttp's
-exceptions refer to themselves through their tracebacks) is the hook frames in that traceback:
-the program's exception passes through them, and its own cycle keeps them as it keeps the
-client's frames.
+A client whose exceptions refer to themselves through their tracebacks (urllib3's, requests',
+aiohttp's) makes a cycle that holds every frame the exception went through. The hooks take
+their frames out of the traceback and clear their locals (arguments, bound methods, state);
+what CPython keeps is the empty frame object of a hook that a client frame below it names as
+its caller (``f_back``): a Python-level wrapper on the failure path cannot avoid that.
+Propagation is off here: with it, the ``traceparent`` header the plugin adds to the request
+(a copy of the program's headers, see tests/test_program_objects.py) is in the client's frames
+too, a tuple or two per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import aiohttp
@@ -24,6 +30,7 @@ import requests
 import urllib3
 
 import llm_latency
+from llm_latency.adapters import _patching
 from tests.conftest import Telemetry
 from tests.servers import unused_port
 
@@ -65,6 +72,15 @@ def plugin_objects(objects: list[Any]) -> list[str]:
         type(o).__qualname__
         for o in objects
         if type(o).__module__.startswith(("llm_latency", "opentelemetry"))
+    ]
+
+
+def hook_frames(objects: list[Any]) -> list[FrameType]:
+    """The frames of the patching layer's wrappers among ``objects``."""
+    return [
+        o
+        for o in objects
+        if isinstance(o, FrameType) and o.f_code.co_filename == _patching.__file__
     ]
 
 
@@ -138,13 +154,46 @@ async def test_failed_requests_leave_nothing_of_the_plugin_for_the_collector(
     llm_latency.uninstrument()
     plain = len(await garbage_after_failures(client))
     telemetry = Telemetry()
-    telemetry.instrument()
+    telemetry.instrument(propagate=False)
     try:
         found = await garbage_after_failures(client)
     finally:
         llm_latency.uninstrument()
     assert len(telemetry.requests()) == FAILURES + 1  # every attempt was traced
     assert plugin_objects(found) == []
+    frames = hook_frames(found)
+    # Nothing kept through them: no local but the closure's cells (which the hook keeps).
+    assert [set(f.f_locals) - set(f.f_code.co_freevars) for f in frames] == [set()] * len(frames)
+    assert len(found) - len(frames) <= plain
     if client.startswith("httpx"):
         # httpx's failures make no cycle: neither may the plugin's.
         assert (plain, len(found)) == (0, 0)
+
+
+def test_a_failed_requests_traceback_reads_as_without_the_plugin() -> None:
+    """The hooks' frames are out of the traceback the program prints (and of the chained
+    exceptions' ones): the client's own frames, as without the plugin."""
+
+    def frames_of(error: BaseException) -> list[str]:
+        names: list[str] = []
+        seen: BaseException | None = error
+        while seen is not None:
+            names += [f.name for f in traceback.extract_tb(seen.__traceback__)]
+            seen = seen.__cause__ or seen.__context__
+        return names
+
+    def refused() -> BaseException:
+        with pytest.raises(REFUSED) as caught:
+            requests.post(refused_url(), json={}, timeout=10)
+        return caught.value
+
+    llm_latency.uninstrument()
+    plain = frames_of(refused())
+    telemetry = Telemetry()
+    telemetry.instrument()
+    try:
+        instrumented = frames_of(refused())
+    finally:
+        llm_latency.uninstrument()
+    assert len(telemetry.requests()) == 1
+    assert instrumented == plain

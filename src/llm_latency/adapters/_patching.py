@@ -38,6 +38,7 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Sequence
+from types import CodeType, TracebackType
 from typing import Any, Final
 
 import wrapt
@@ -185,9 +186,10 @@ def _sync_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switch
                     on_error(state, exc)
                 except Exception:
                     _settle(hook, state, where, report)
-            # The exception's traceback keeps this frame: without the plugin's state in it, a
-            # failed request leaves nothing of the plugin's for the cyclic collector.
-            state = None
+            # The exception's traceback keeps this frame: with nothing in it, a failed
+            # request leaves nothing of the plugin's for the cyclic collector.
+            _forget_own_frames(exc)
+            del state, wrapped, instance, args, kwargs
             raise
         if after is None:
             return result
@@ -266,12 +268,22 @@ def _plain_function(function: Any, wrap: Any, method: bool) -> Any:
             async def hooked_method(*args: Any, **kwargs: Any) -> Any:
                 if not args:  # no instance to hand over: the original says what is wrong
                     return await function(**kwargs)
-                return await wrap(function.__get__(args[0]), args[0], args[1:], kwargs)
+                try:
+                    return await wrap(function.__get__(args[0]), args[0], args[1:], kwargs)
+                except BaseException as exc:
+                    _forget_own_frames(exc)
+                    del args, kwargs  # what a failed request's traceback would keep
+                    raise
 
             return functools.update_wrapper(hooked_method, function)
 
         async def hooked_function(*args: Any, **kwargs: Any) -> Any:
-            return await wrap(function, None, args, kwargs)
+            try:
+                return await wrap(function, None, args, kwargs)
+            except BaseException as exc:
+                _forget_own_frames(exc)
+                del args, kwargs
+                raise
 
         return functools.update_wrapper(hooked_function, function)
     if method:
@@ -279,12 +291,22 @@ def _plain_function(function: Any, wrap: Any, method: bool) -> Any:
         def hooked(*args: Any, **kwargs: Any) -> Any:
             if not args:  # no instance to hand over: the original says what is wrong
                 return function(**kwargs)
-            return wrap(function.__get__(args[0]), args[0], args[1:], kwargs)
+            try:
+                return wrap(function.__get__(args[0]), args[0], args[1:], kwargs)
+            except BaseException as exc:
+                _forget_own_frames(exc)
+                del args, kwargs  # what a failed request's traceback would keep
+                raise
 
         return functools.update_wrapper(hooked, function)
 
     def hooked_plain(*args: Any, **kwargs: Any) -> Any:
-        return wrap(function, None, args, kwargs)
+        try:
+            return wrap(function, None, args, kwargs)
+        except BaseException as exc:
+            _forget_own_frames(exc)
+            del args, kwargs
+            raise
 
     return functools.update_wrapper(hooked_plain, function)
 
@@ -316,9 +338,10 @@ def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switc
                     on_error(state, exc)
                 except Exception:
                     _settle(hook, state, where, report)
-            # The exception's traceback keeps this frame: without the plugin's state in it, a
-            # failed request leaves nothing of the plugin's for the cyclic collector.
-            state = None
+            # The exception's traceback keeps this frame: with nothing in it, a failed
+            # request leaves nothing of the plugin's for the cyclic collector.
+            _forget_own_frames(exc)
+            del state, wrapped, instance, args, kwargs
             raise
         if after is None:
             return result
@@ -329,6 +352,66 @@ def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switc
             return result
 
     return wrapper
+
+
+def _inner_code(*factories: Callable[..., Any]) -> frozenset[CodeType]:
+    """The code of the functions that ``factories`` define: the wrappers this module installs
+    (one code object for all the closures a factory makes)."""
+    return frozenset(
+        const
+        for factory in factories
+        for const in factory.__code__.co_consts
+        if isinstance(const, CodeType)
+    )
+
+
+#: The code of every frame a hook puts between the program and its client library.
+_OWN_CODE: Final = _inner_code(
+    _sync_wrapper, _async_wrapper, _tap_wrapper, _tapped_method, _plain_function
+)
+
+
+def _forget_own_frames(exc: BaseException) -> None:
+    """Take the frames of this module's wrappers out of the tracebacks of ``exc`` and of the
+    exceptions chained to it, before the wrapper handling ``exc`` re-raises it (a bare
+    ``raise`` adds no entry for the frame it runs in).
+
+    A client that keeps an exception in a local of a frame its traceback holds (urllib3's
+    ``urlopen``, aiohttp's connector) makes a cycle that the cyclic collector frees; every
+    frame in that traceback waits with it, hooks' frames, arguments and bound methods
+    included. Without them the cycle is the client's own, as large as without the plugin, and
+    the program's traceback reads as it would without the plugin.
+    """
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        head = current.__traceback__
+        while head is not None and head.tb_frame.f_code in _OWN_CODE:
+            if current is not exc:  # the frame handling ``exc`` is still running
+                head.tb_frame.clear()
+            head = head.tb_next
+        current.__traceback__ = head
+        _unlink(head)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        pending.extend(getattr(current, "exceptions", ()))  # an ExceptionGroup's members
+
+
+def _unlink(entry: TracebackType | None) -> None:
+    """Splice the entries of this module's frames out of the traceback after ``entry``, and
+    clear those frames' locals (they have returned: the client's frames below them still
+    name them as their callers, so the frames themselves stay while the traceback does)."""
+    while entry is not None:
+        following = entry.tb_next
+        while following is not None and following.tb_frame.f_code in _OWN_CODE:
+            following.tb_frame.clear()
+            following = following.tb_next
+        if entry.tb_next is not following:
+            entry.tb_next = following
+        entry = following
 
 
 def module_installed(module: str) -> bool:
