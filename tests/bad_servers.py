@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from types import TracebackType
 from typing import Self
 
@@ -168,3 +169,49 @@ class BlackHole(_Listener):
             while data := conn.recv(65536):
                 with self._lock:
                     self.received += len(data)
+
+
+class PacedStream(_Listener):
+    """Streams an OpenAI-style chat completion at a pace of its own, each request in a thread
+    of its own (so a program that blocks its event loop does not delay it): the headers after
+    ``headers_after`` s, the first event ``first_event_after`` s later, then ``events`` content
+    events ``interval`` s apart and ``data: [DONE]``, in HTTP/1.1 chunks."""
+
+    def __init__(
+        self,
+        *,
+        events: int = 20,
+        interval: float = 0.02,
+        headers_after: float = 0.0,
+        first_event_after: float = 0.0,
+    ) -> None:
+        self.events = events
+        self.interval = interval
+        self.headers_after = headers_after
+        self.first_event_after = first_event_after
+        super().__init__("paced-stream")
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+
+    def _accepted(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _read_request(conn)
+            time.sleep(self.headers_after)
+            head = (
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            )
+            conn.sendall(head)
+            time.sleep(self.first_event_after)
+            for i in range(self.events):
+                if i:
+                    time.sleep(self.interval)
+                event = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+                conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+            done = b"data: [DONE]\n\n"
+            conn.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))

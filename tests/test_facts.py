@@ -4,7 +4,7 @@ the error type, and the wait a server asked for."""
 
 from __future__ import annotations
 
-from llm_latency.facts import AttemptFacts, read_facts
+from llm_latency.facts import AttemptFacts, LoopLag, provider_max_gap, read_facts
 from llm_latency.sse import SSECounter
 from llm_latency.timeline import CONNECT, PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 
@@ -12,9 +12,9 @@ MS = 1_000_000
 WANTED = frozenset({"openai-processing-ms", "retry-after-ms", "x-request-id"})
 
 
-def lags(**by_phase: float) -> list[float]:
+def lags(**by_phase: float) -> LoopLag:
     """Per-phase lags (s) as the emitter hands them over: indexed like ``PHASE_NAMES``."""
-    return [by_phase.get(name, 0.0) for name in PHASE_NAMES]
+    return LoopLag([by_phase.get(name, 0.0) for name in PHASE_NAMES])
 
 
 def attempt(processing_ms: str | None = "250", status: int = 200) -> Timeline:
@@ -102,3 +102,16 @@ def test_a_streams_facts() -> None:
     assert facts.stream_events == 3
     assert facts.time_to_first_chunk is not None and facts.time_to_first_chunk >= 0
     assert facts.stream_max_gap is not None and facts.stream_max_gap >= 0
+
+
+def test_the_streams_longest_gap_leaves_out_the_loops_lag() -> None:
+    """Chunks 20 ms apart but for a 320 ms gap that the loop's stall made (300 ms of it): the
+    provider's longest pause is the next gap, 40 ms, not the stall."""
+    timeline = attempt()
+    timeline.long_gaps = [(0, 320 * MS), (400 * MS, 440 * MS), (500 * MS, 520 * MS)]
+    timeline.max_gap_ns = 320 * MS
+    assert provider_max_gap(timeline, [300 * MS, 0, 0]) == 40 * MS
+    assert provider_max_gap(timeline, [0, 0, 0]) == 320 * MS
+    # When every kept gap was the loop's, the gaps not kept are no longer than the floor.
+    timeline.gap_floor_ns = 20 * MS
+    assert provider_max_gap(timeline, [310 * MS, 30 * MS, 15 * MS]) == 20 * MS

@@ -21,7 +21,7 @@ from opentelemetry.trace import INVALID_SPAN
 
 import llm_latency
 from llm_latency.attempt_record import AttemptRecord
-from llm_latency.facts import read_facts
+from llm_latency.facts import LoopLag, read_facts
 from llm_latency.instrumentor import LLMLatencyInstrumentor
 from llm_latency.metrics import LAG_RECORDED_FROM, SETUP_PHASES, AttemptMetrics
 from llm_latency.testing import LocalDNS
@@ -139,7 +139,7 @@ def test_the_lag_histogram_counts_the_attempts_that_lagged(
         record = AttemptRecord(timeline, INVALID_SPAN, "POST", "llm.test", 443, 0, None)
         lags_by_phase = [0.0] * len(PHASE_NAMES)
         lags_by_phase[PHASE_NAMES.index("receive")] = lag
-        facts = read_facts(timeline, lags_by_phase, frozenset())
+        facts = read_facts(timeline, LoopLag(lags_by_phase), frozenset())
         assert facts.event_loop_lag == lag
         metrics.record(record, facts, Context())
     data = reader.get_metrics_data()

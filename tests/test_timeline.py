@@ -6,8 +6,9 @@ program's thread still running as another thread ends the attempt: uninstrument)
 from __future__ import annotations
 
 import time
+from unittest.mock import patch
 
-from llm_latency.timeline import RECEIVE, SEND, WAIT, Timeline
+from llm_latency.timeline import LONG_GAPS_KEPT, RECEIVE, SEND, WAIT, Timeline
 
 
 def test_a_phase_never_ends_before_it_began() -> None:
@@ -40,3 +41,28 @@ def test_a_phase_moved_on_after_the_end_stays_inside_the_attempt() -> None:
     attempt.begin(RECEIVE, at=now + 3_000_000)
     assert attempt.bounds_of(WAIT) == (now, now + 1_000_000)
     assert attempt.bounds_of(RECEIVE) == (now + 1_000_000, now + 1_000_000)
+
+
+def test_the_longest_gaps_between_chunks_are_kept() -> None:
+    """Every gap between body chunks is a candidate stall of the program's loop: the longest
+    LONG_GAPS_KEPT are kept, with their instants, and the raw longest gap beside them."""
+    attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
+    gaps_ms = [5, 40, 3, 300, 7, 20, 9, 11, 2, 13, 8, 50, 1]
+    clock = time.perf_counter_ns()
+    arrivals = [clock]
+    for gap in gaps_ms:
+        arrivals.append(arrivals[-1] + gap * 1_000_000)
+    for at in arrivals:
+        chunk_at(attempt, at)
+    kept = sorted((end - start) // 1_000_000 for start, end in attempt.long_gaps)
+    assert kept == sorted(gaps_ms, reverse=True)[:LONG_GAPS_KEPT][::-1]
+    assert attempt.max_gap_ns == 300_000_000
+    assert attempt.gap_floor_ns == min(kept) * 1_000_000
+    starts = {start for start, _ in attempt.long_gaps}
+    assert starts <= set(arrivals)  # each gap is between two arrivals
+
+
+def chunk_at(attempt: Timeline, at: int) -> None:
+    """``attempt.chunk`` as if it ran at ``at`` (perf_counter_ns)."""
+    with patch("llm_latency.timeline.clock_ns", return_value=at):
+        attempt.chunk(b"data: {}\n\n")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Callable, MutableMapping
+from typing import Any, Final
 
 from opentelemetry import propagate
 from opentelemetry.context import Context
@@ -37,12 +37,12 @@ from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
 from llm_latency.event_loop import monitor_of_running_loop
 from llm_latency.event_loop import stop_all as stop_lag_monitors
-from llm_latency.facts import AttemptFacts, error_type, read_facts
+from llm_latency.facts import AttemptFacts, LoopLag, error_type, read_facts
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
-from llm_latency.timeline import PHASE_NAMES, Timeline
+from llm_latency.timeline import PHASE_NAMES, RECEIVE, Timeline
 from llm_latency.tracer_handle import TracerHandle
 from llm_latency.urls import proxy_origin, redact, route, scrub_userinfo
 
@@ -54,7 +54,7 @@ _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
 _PHASES = range(len(PHASE_NAMES))
 #: The lag of an attempt whose loop was never busy while it was in flight.
-_NO_LAG: tuple[float, ...] = (0.0,) * len(PHASE_NAMES)
+_NO_LAG: Final = LoopLag((0.0,) * len(PHASE_NAMES))
 
 
 class Emitter:
@@ -208,18 +208,24 @@ class Emitter:
         self.finish(timeline)
 
     @staticmethod
-    def _loop_lag(record: AttemptRecord) -> Sequence[float] | None:
-        """How long the attempt's busy event loop delayed the end of each of its phases (s,
-        indexed like ``PHASE_NAMES``; 0 for a phase that did not happen); None for an attempt
-        not on a loop. Once per attempt."""
+    def _loop_lag(record: AttemptRecord) -> LoopLag | None:
+        """How long the attempt's busy event loop delayed the end of each of its phases and of
+        each of its stream's longest gaps; None for an attempt not on a loop. Once per
+        attempt."""
         monitor = record.loop_monitor
         if monitor is None:
             return None
         record.loop_monitor = None
-        delays = monitor.phase_delays(record.timeline.bounds_of, len(PHASE_NAMES))
+        timeline = record.timeline
+        arrivals = list(timeline.long_gaps)
+        receive = timeline.bounds_of(RECEIVE)
+        if receive is not None and timeline.first_chunk_ns > receive[0]:
+            arrivals.append((receive[0], timeline.first_chunk_ns))  # the wait for the first
+        delays = monitor.phase_delays(timeline.bounds_of, len(PHASE_NAMES), arrivals)
         if delays is None:
             return _NO_LAG
-        return [delay / 1e9 for delay in delays]
+        gaps = delays.arrivals[: len(timeline.long_gaps)]
+        return LoopLag([delay / 1e9 for delay in delays.phases], gaps)
 
     def _attempt_ends(
         self, record: AttemptRecord, reason: str | None, retry_after: float | None
@@ -248,7 +254,7 @@ class Emitter:
                 continue
         return []
 
-    def _emit(self, record: AttemptRecord, lag: Sequence[float] | None) -> None:
+    def _emit(self, record: AttemptRecord, lag: LoopLag | None) -> None:
         timeline, span = record.timeline, record.span
         facts = read_facts(timeline, lag, self.captured_headers)
         attributes = self._attributes(record, facts)

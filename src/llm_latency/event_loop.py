@@ -27,6 +27,11 @@ What it can say, and what it cannot:
   network's share, off by at most that one stretch.
 - A stall that ended before what the phase waited for arrived did not delay it: a phase that
   ends later than ``SETTLE_NS`` after the loop was free again is charged nothing for it.
+- A stream's body arrives in chunks, and each chunk's arrival is an end the loop may have
+  delayed, like a phase's: the stream's longest gaps between two chunks (and the wait for its
+  first chunk) are charged by the same rule, and the receive phase carries the union of those
+  charges and its own. A stall in the middle of a stream is the program's lag, and the
+  stream's longest gap (``llm_latency.stream.max_gap``) leaves it out.
 - A request queued for a pooled connection (or an HTTP/2 stream) waits for another attempt on
   the same loop to give one back: a stall that delayed that attempt's end delayed the queued
   one's turn by as much, even when the stall ended long before the turn came. The queue phase
@@ -41,10 +46,11 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 from llm_latency.clock import clock_ns
-from llm_latency.timeline import QUEUE
+from llm_latency.timeline import QUEUE, RECEIVE
 
 #: How often a loop with attempts in flight is checked (ns): the resolution of the lag.
 INTERVAL_NS = 10_000_000
@@ -58,6 +64,14 @@ KEPT = 16_384
 #: Ended attempts that were delayed, kept per loop for the queued attempts whose turn their
 #: end gave: (end, lag) in ns.
 ENDED_KEPT = 256
+
+
+class Delays(NamedTuple):
+    """How long (ns) a busy loop delayed an attempt: per phase, and per arrival window."""
+
+    phases: list[int]
+    arrivals: list[int]
+
 
 _monitors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagMonitor] = (
     weakref.WeakKeyDictionary()
@@ -115,15 +129,23 @@ class LoopLagMonitor:
             self._schedule(clock_ns())
 
     def phase_delays(
-        self, bounds_of: Callable[[int], tuple[int, int] | None], phases: int
-    ) -> list[int] | None:
+        self,
+        bounds_of: Callable[[int], tuple[int, int] | None],
+        phases: int,
+        arrivals: Sequence[tuple[int, int]] = (),
+    ) -> Delays | None:
         """An attempt ends: for each of its ``phases`` (``bounds_of(phase)`` gives its window,
         as ``Timeline.bounds_of`` does), how long (ns) the busy loop delayed the phase's end.
         That is the busy stretch the loop was in when the phase ended (the one in progress now
         included), from its start or the phase's, whichever is later: before it, the loop
         polled its sockets, so what the phase waited for had not arrived. A queue phase may be
-        charged more: the lag of the attempt whose end gave it its turn. None when the loop was
-        never busy: no phase was delayed (the usual case, kept cheap: no window is read)."""
+        charged more: the lag of the attempt whose end gave it its turn.
+
+        ``arrivals``: windows inside the receive phase that end at a body chunk's arrival (a
+        stream's longest gaps, the wait for its first chunk): each is charged the same way, as
+        a phase of its own, and the receive phase is charged the union of its own charge and
+        theirs. None when the loop was never busy: nothing was delayed (the usual case, kept
+        cheap: no window is read)."""
         self._in_flight -= 1
         now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
@@ -131,19 +153,29 @@ class LoopLagMonitor:
         if pending is None and not self.busy:
             return None
         windows = [bounds_of(phase) for phase in range(phases)]
-        delays = []
+        delays: list[int] = []
+        arrived: list[int] = []
         try:
             for window in windows:
                 delays.append(0 if window is None else self._delay_of(window, pending))
             queue = windows[QUEUE] if phases > QUEUE else None
             if queue is not None:
                 delays[QUEUE] = max(delays[QUEUE], self._handed_on(queue))
+            receive = windows[RECEIVE] if phases > RECEIVE else None
+            if receive is not None and arrivals:
+                arrived = [self._delay_of(window, pending) for window in arrivals]
+                charged = [
+                    (end - delay, end) for (_, end), delay in zip(arrivals, arrived, strict=True)
+                ]
+                charged.append((receive[1] - delays[RECEIVE], receive[1]))
+                delays[RECEIVE] = _covered(charged, receive)
         except RuntimeError:  # ended from another thread while the loop recorded one
             delays += [0] * (phases - len(delays))
+            arrived += [0] * (len(arrivals) - len(arrived))
         lag = sum(delays)
         if lag:
             self.delayed_ends.append((now, lag))
-        return delays
+        return Delays(delays, arrived or [0] * len(arrivals))
 
     def _handed_on(self, queue: tuple[int, int]) -> int:
         """The lag of the delayed attempt that ended last before ``queue`` did (within
@@ -217,6 +249,19 @@ class LoopLagMonitor:
             self._handle = None
             self.busy.clear()
             self.delayed_ends.clear()
+
+
+def _covered(intervals: Iterable[tuple[int, int]], within: tuple[int, int]) -> int:
+    """How long (ns) the union of ``intervals`` covers of the window ``within``."""
+    low, high = within
+    covered = 0
+    reached = low
+    for start, end in sorted(intervals):
+        start, end = max(start, reached), min(end, high)
+        if end > start:
+            covered += end - start
+            reached = end
+    return covered
 
 
 def _newest_first(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from llm_latency import headers
 from llm_latency.timeline import PHASE_NAMES, SEND, WAIT, Timeline
@@ -26,6 +27,25 @@ def send_to_first_byte(timeline: Timeline) -> float | None:
     if send is None or wait is None:
         return None
     return (wait[1] - send[0]) / 1e9
+
+
+class LoopLag(NamedTuple):
+    """How long an attempt's busy event loop delayed it: per phase (s, indexed like
+    ``PHASE_NAMES``), and per gap of ``Timeline.long_gaps`` (ns, in its order)."""
+
+    phases: Sequence[float]
+    gaps: Sequence[int] = ()
+
+
+def provider_max_gap(timeline: Timeline, gap_lags: Sequence[int]) -> int:
+    """The stream's longest gap (ns) less the loop's lag in it: the longest pause of the
+    provider and the network. Every gap not kept is no longer than the shortest kept, which
+    bounds it when all the kept ones were the loop's."""
+    if not any(gap_lags):
+        return timeline.max_gap_ns
+    kept = timeline.long_gaps
+    longest = max(end - start - lag for (start, end), lag in zip(kept, gap_lags, strict=True))
+    return max(longest, timeline.gap_floor_ns)
 
 
 @dataclass
@@ -91,12 +111,9 @@ def token_facts(
     return (None if usage.empty else usage), first_token, tpot, tpot_max, unknown
 
 
-def read_facts(
-    timeline: Timeline, lag: Sequence[float] | None, wanted: frozenset[str]
-) -> AttemptFacts:
-    """The facts of a finished attempt. ``lag``: how long its busy event loop delayed the end
-    of each of its phases (s, indexed like ``PHASE_NAMES``), None for an attempt not on a
-    loop; ``wanted``: the response headers to keep."""
+def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) -> AttemptFacts:
+    """The facts of a finished attempt. ``lag``: how long its busy event loop delayed it, None
+    for an attempt not on a loop; ``wanted``: the response headers to keep."""
     found: dict[str, list[str]] = {}
     if timeline.response_headers is not None and wanted:
         found = headers.select(timeline.response_headers, wanted)
@@ -107,7 +124,7 @@ def read_facts(
     phase_lags: list[float] | None = None
     window_lag = 0.0  # the lag in the send-to-first-byte window: the one the overhead excludes
     if lag is not None:
-        phase_lags = list(lag)
+        phase_lags = list(lag.phases)
         send_lag, wait_lag = phase_lags[SEND], phase_lags[WAIT]
         window_lag = send_lag + wait_lag
         if processing is not None and window is not None:
@@ -126,7 +143,7 @@ def read_facts(
     if timeline.stream is not None and timeline.first_chunk_ns:
         first_chunk = (timeline.first_chunk_ns - timeline.start_ns) / 1e9
         events = timeline.stream.events
-        max_gap = timeline.max_gap_ns / 1e9
+        max_gap = provider_max_gap(timeline, lag.gaps if lag else ()) / 1e9
     mean_interval = chunk_rate = None
     if first_chunk is not None and timeline.chunks > 1:
         span_ns = timeline.last_chunk_ns - timeline.first_chunk_ns

@@ -43,6 +43,14 @@ PHASE_NAMES: Final[tuple[str, ...]] = (
 
 RawHeaders = Sequence[tuple[Any, Any]]
 
+#: The longest gaps between body chunks kept per attempt: each may hold a stall of the
+#: program's loop, taken out of the stream's longest gap (``llm_latency.stream.max_gap``).
+LONG_GAPS_KEPT: Final = 8
+
+
+def _length(window: tuple[int, int]) -> int:
+    return window[1] - window[0]
+
 
 class Timeline:
     """Phase boundaries and facts of one physical HTTP attempt."""
@@ -59,9 +67,11 @@ class Timeline:
         "error",
         "failed_phase",
         "first_chunk_ns",
+        "gap_floor_ns",
         "gaps",
         "last_chunk_ns",
         "llm_route",
+        "long_gaps",
         "max_gap_ns",
         "method",
         "peer_address",
@@ -102,6 +112,11 @@ class Timeline:
         self.first_chunk_ns = 0
         self.last_chunk_ns = 0
         self.max_gap_ns = 0
+        #: The longest intervals between two body chunks, as (start, end): the ones a stall of
+        #: the program's event loop may explain (``event_loop``). At most LONG_GAPS_KEPT.
+        self.long_gaps: list[tuple[int, int]] = []
+        #: A gap longer than this (ns) is one of the longest so far.
+        self.gap_floor_ns = 0
         self.chunks = 0
         #: Each interval between two body chunks (ns), when the emitter asks for them (the
         #: opt-in time-per-output-chunk histogram); None otherwise.
@@ -202,8 +217,8 @@ class Timeline:
         last = self.last_chunk_ns
         if last:
             gap = now - last
-            if gap > self.max_gap_ns:
-                self.max_gap_ns = gap
+            if gap > self.gap_floor_ns:
+                self._long_gap(last, now)
             gaps = self.gaps
             if gaps is not None:
                 gaps.append(gap)
@@ -220,6 +235,17 @@ class Timeline:
             body.last = data
             if body.watching:
                 body.look(data, now)
+
+    def _long_gap(self, start: int, end: int) -> None:
+        """Keep the gap ``start``-``end`` among the longest (the shortest kept then goes)."""
+        kept = self.long_gaps
+        kept.append((start, end))
+        if end - start > self.max_gap_ns:
+            self.max_gap_ns = end - start
+        if len(kept) > LONG_GAPS_KEPT:
+            kept.remove(min(kept, key=_length))
+        if len(kept) == LONG_GAPS_KEPT:
+            self.gap_floor_ns = _length(min(kept, key=_length))
 
     # -- end ----------------------------------------------------------------------------------
 
