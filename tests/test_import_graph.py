@@ -62,7 +62,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.suppression",
     ),
     # leaves
-    ("llm_latency.clock", "llm_latency.providers", "llm_latency.version", "llm_latency.testing"),
+    (
+        "llm_latency.clock",
+        "llm_latency.cpu_wait",
+        "llm_latency.providers",
+        "llm_latency.version",
+        "llm_latency.testing",
+    ),
 )
 
 

@@ -225,7 +225,8 @@ class Emitter:
         if delays is None:
             return _NO_LAG
         gaps = delays.arrivals[: len(timeline.long_gaps)]
-        return LoopLag([delay / 1e9 for delay in delays.phases], gaps)
+        phases = [delay / 1e9 for delay in delays.phases]
+        return LoopLag(phases, gaps, delays.descheduled / 1e9)
 
     def _attempt_ends(
         self, record: AttemptRecord, reason: str | None, retry_after: float | None
@@ -301,6 +302,8 @@ class Emitter:
             attributes[semconv.HTTP_REQUEST_RESEND_COUNT] = record.resend_count
         if facts.event_loop_lag is not None:
             attributes[semconv.EVENT_LOOP_LAG] = facts.event_loop_lag
+        if facts.descheduled:
+            attributes[semconv.EVENT_LOOP_DESCHEDULED] = facts.descheduled
         if facts.server_processing is not None:
             attributes[semconv.SERVER_PROCESSING_TIME] = facts.server_processing
         if facts.network_overhead is not None:

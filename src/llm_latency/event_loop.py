@@ -37,6 +37,12 @@ What it can say, and what it cannot:
   one's turn by as much, even when the stall ended long before the turn came. The queue phase
   is charged the lag of the attempt that ended last before its turn came (clipped to the queue
   phase), or the stretch its end came after, whichever is more.
+- A loop that ran late because the machine had no CPU for it (other processes, a container's
+  CPU limit) was not busy with the program's code: each late tick reads how long the loop's
+  thread waited on the kernel's run queue since the tick was scheduled
+  (:mod:`llm_latency.cpu_wait`), and that share of the stretch is the machine's. It is in no
+  phase's lag; the attempt counts it apart, as ``descheduled``. A process stopped by a signal
+  is not waiting for a CPU: that stays the program's lag.
 - Sync clients (requests, sync httpx) in threads have no loop to watch: a thread that waits for
   the GIL held by other threads is delayed the same way, and that is not measured.
 """
@@ -50,6 +56,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from llm_latency.clock import clock_ns
+from llm_latency.cpu_wait import CpuWaitClock
 from llm_latency.timeline import QUEUE, RECEIVE
 
 #: How often a loop with attempts in flight is checked (ns): the resolution of the lag.
@@ -66,11 +73,18 @@ KEPT = 16_384
 ENDED_KEPT = 256
 
 
+#: A stretch the loop ran late: (start, end) in ``perf_counter_ns``, and the share of it (0 to
+#: 1) that the loop's thread waited for a CPU.
+Stretch = tuple[int, int, float]
+
+
 class Delays(NamedTuple):
-    """How long (ns) a busy loop delayed an attempt: per phase, and per arrival window."""
+    """How long (ns) a busy loop delayed an attempt: per phase, and per arrival window; and how
+    long its thread waited for a CPU meanwhile (the machine's share, in no phase's delay)."""
 
     phases: list[int]
     arrivals: list[int]
+    descheduled: int = 0
 
 
 _monitors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagMonitor] = (
@@ -117,10 +131,14 @@ class LoopLagMonitor:
         self._due_ns = 0
         self._handle: asyncio.TimerHandle | None = None
         self._stopped = False
-        #: (start, end) in ``perf_counter_ns`` of each stretch the loop was busy, oldest first.
-        self.busy: deque[tuple[int, int]] = deque(maxlen=KEPT)
+        #: Each stretch the loop ran late, oldest first.
+        self.busy: deque[Stretch] = deque(maxlen=KEPT)
         #: (end, lag) in ``perf_counter_ns`` of each recent attempt the busy loop delayed.
         self.delayed_ends: deque[tuple[int, int]] = deque(maxlen=ENDED_KEPT)
+        self._cpu_wait = CpuWaitClock.of_this_thread()
+        #: When the current tick was scheduled, and the loop thread's run-queue wait then.
+        self._scheduled_ns = 0
+        self._waited_ns = 0
 
     def attempt_started(self) -> None:
         """An attempt starts on this loop (call from the loop's thread)."""
@@ -144,38 +162,48 @@ class LoopLagMonitor:
         ``arrivals``: windows inside the receive phase that end at a body chunk's arrival (a
         stream's longest gaps, the wait for its first chunk): each is charged the same way, as
         a phase of its own, and the receive phase is charged the union of its own charge and
-        theirs. None when the loop was never busy: nothing was delayed (the usual case, kept
-        cheap: no window is read)."""
+        theirs.
+
+        The share of a late stretch that the loop's thread spent waiting for a CPU
+        (:mod:`llm_latency.cpu_wait`) is the machine's: it is in no phase's delay, and the
+        machine's shares of the charged stretches add up to ``descheduled``. None when the
+        loop was never late: nothing was delayed (the usual case, kept cheap: no window is
+        read)."""
         self._in_flight -= 1
         now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
-        pending = (self._due_ns, now) if late else None
+        pending = self._stretch(self._due_ns, now) if late else None
         if pending is None and not self.busy:
             return None
         windows = [bounds_of(phase) for phase in range(phases)]
         delays: list[int] = []
         arrived: list[int] = []
+        machine = 0
         try:
             for window in windows:
-                delays.append(0 if window is None else self._delay_of(window, pending))
+                program, waited = (0, 0) if window is None else self._delay_of(window, pending)
+                delays.append(program)
+                machine += waited
             queue = windows[QUEUE] if phases > QUEUE else None
             if queue is not None:
                 delays[QUEUE] = max(delays[QUEUE], self._handed_on(queue))
             receive = windows[RECEIVE] if phases > RECEIVE else None
             if receive is not None and arrivals:
-                arrived = [self._delay_of(window, pending) for window in arrivals]
+                charges = [self._delay_of(window, pending) for window in arrivals]
+                arrived = [program for program, _ in charges]
                 charged = [
                     (end - delay, end) for (_, end), delay in zip(arrivals, arrived, strict=True)
                 ]
                 charged.append((receive[1] - delays[RECEIVE], receive[1]))
                 delays[RECEIVE] = _covered(charged, receive)
+                machine += sum(waited for _, waited in charges)
         except RuntimeError:  # ended from another thread while the loop recorded one
             delays += [0] * (phases - len(delays))
             arrived += [0] * (len(arrivals) - len(arrived))
         lag = sum(delays)
         if lag:
             self.delayed_ends.append((now, lag))
-        return Delays(delays, arrived or [0] * len(arrivals))
+        return Delays(delays, arrived or [0] * len(arrivals), machine)
 
     def _handed_on(self, queue: tuple[int, int]) -> int:
         """The lag of the delayed attempt that ended last before ``queue`` did (within
@@ -191,38 +219,45 @@ class LoopLagMonitor:
                 return min(delayed, end - start)
         return 0
 
-    def _delay_of(self, window: tuple[int, int], pending: tuple[int, int] | None) -> int:
-        """How long the busy loop delayed the end of the phase ``window`` (ns): the busy stretch
-        its end came at the end of, within the phase, from the stretch's start to the phase's
-        end. Late ticks one interval apart are one stretch; the interval between two of them
-        counts as busy only when the later tick was late by a whole interval or more (the
+    def _delay_of(self, window: tuple[int, int], pending: Stretch | None) -> tuple[int, int]:
+        """How long the late loop delayed the end of the phase ``window`` (ns): the late
+        stretch its end came at the end of, within the phase, from the stretch's start to the
+        phase's end. Late ticks one interval apart are one stretch; the interval between two of
+        them counts as late only when the later tick was late by a whole interval or more (the
         loop was saturated: it ran little but the tick). Ticks late by less, on a loop that
         ran on time in between (a loaded machine that takes the process away for a moment),
-        count their lateness only."""
+        count their lateness only. Returns the delay split in two: the program's share (its
+        busy loop) and the machine's (the loop's thread waiting for a CPU), each stretch's time
+        split by the share its tick measured."""
         start, end = window
-        delay = 0
-        newer = 0  # the start of the stretch after, in the same busy stretch
+        program = machine = 0.0
+        newer = 0  # the start of the stretch after, in the same late stretch
+        newer_share = 0.0
         saturated = False
-        for busy_start, busy_end in _newest_first(self.busy, pending):
+        for busy_start, busy_end, share in _newest_first(self.busy, pending):
             if not newer:
                 if busy_start >= end:
                     continue  # after the phase
                 if busy_end < end - SETTLE_NS:
-                    return 0  # the loop was free before the phase ended
-                delay += end - max(busy_start, start)
+                    return 0, 0  # the loop was free before the phase ended
+                part = end - max(busy_start, start)
             elif busy_end >= newer - INTERVAL_NS - LATE_NS:
                 if busy_end <= start:
                     break  # before the phase
                 if saturated:
-                    delay += max(newer - max(busy_end, start), 0)
-                delay += max(busy_end - max(busy_start, start), 0)
+                    between = max(newer - max(busy_end, start), 0)
+                    program += between * (1 - newer_share)
+                    machine += between * newer_share
+                part = max(busy_end - max(busy_start, start), 0)
             else:
                 break
-            newer = busy_start
+            program += part * (1 - share)
+            machine += part * share
+            newer, newer_share = busy_start, share
             saturated = busy_end - busy_start >= INTERVAL_NS
             if busy_start <= start:
                 break
-        return max(delay, 0)
+        return max(round(program), 0), max(round(machine), 0)
 
     def stop(self) -> None:
         """No more ticks; the lag of attempts still in flight is what was seen so far."""
@@ -237,12 +272,26 @@ class LoopLagMonitor:
             self._handle = None
             return
         self._due_ns = now + INTERVAL_NS
+        self._scheduled_ns = now
+        if self._cpu_wait is not None:
+            self._waited_ns = self._cpu_wait.read() or self._waited_ns
         self._handle = loop.call_later(INTERVAL_NS / 1e9, self._tick)
+
+    def _stretch(self, due: int, now: int) -> Stretch:
+        """The stretch the loop ran late, from ``due`` to ``now``, with the share of the time
+        since the tick was scheduled that the loop's thread spent waiting for a CPU."""
+        share = 0.0
+        if self._cpu_wait is not None:
+            waited = self._cpu_wait.read()
+            since = now - self._scheduled_ns
+            if waited is not None and since > 0:
+                share = min(max(waited - self._waited_ns, 0) / since, 1.0)
+        return due, now, share
 
     def _tick(self) -> None:
         now = clock_ns()
         if now - self._due_ns > LATE_NS:
-            self.busy.append((self._due_ns, now))
+            self.busy.append(self._stretch(self._due_ns, now))
         if self._in_flight > 0 and not self._stopped:
             self._schedule(now)
         else:
@@ -264,9 +313,7 @@ def _covered(intervals: Iterable[tuple[int, int]], within: tuple[int, int]) -> i
     return covered
 
 
-def _newest_first(
-    busy: deque[tuple[int, int]], pending: tuple[int, int] | None
-) -> Iterable[tuple[int, int]]:
+def _newest_first(busy: deque[Stretch], pending: Stretch | None) -> Iterable[Stretch]:
     if pending is not None:
         yield pending
     yield from reversed(busy)

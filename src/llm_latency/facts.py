@@ -31,10 +31,12 @@ def send_to_first_byte(timeline: Timeline) -> float | None:
 
 class LoopLag(NamedTuple):
     """How long an attempt's busy event loop delayed it: per phase (s, indexed like
-    ``PHASE_NAMES``), and per gap of ``Timeline.long_gaps`` (ns, in its order)."""
+    ``PHASE_NAMES``), and per gap of ``Timeline.long_gaps`` (ns, in its order); and how long
+    the loop's thread waited for a CPU while the attempt was in flight (s)."""
 
     phases: Sequence[float]
     gaps: Sequence[int] = ()
+    descheduled: float = 0.0
 
 
 def provider_max_gap(timeline: Timeline, gap_lags: Sequence[int]) -> int:
@@ -78,6 +80,9 @@ class AttemptFacts:
     #: What the server said of the answer's tokens and its own time split; None when the
     #: body was not an LLM answer or said nothing.
     usage: Usage | None = None
+    #: How long the event loop's thread waited for a CPU while the attempt was in flight (s):
+    #: the machine's share of the loop's lateness, in no phase's lag.
+    descheduled: float = 0.0
     #: Request start to the first event with generated content (s), streamed answers.
     time_to_first_token: float | None = None
     #: (stream end - first token) / (output tokens - 1), streamed answers with usage (s).
@@ -186,4 +191,5 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
         time_per_output_token=tpot,
         server_time_per_output_token_max=tpot_max,
         usage_unknown=unknown,
+        descheduled=lag.descheduled if lag is not None else 0.0,
     )

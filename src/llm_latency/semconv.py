@@ -107,6 +107,9 @@ PROXY_URL: Final = "llm_latency.proxy.url"
 SERVER_PROCESSING_TIME: Final = "llm_latency.server.processing_time"
 NETWORK_OVERHEAD: Final = "llm_latency.network_overhead"
 EVENT_LOOP_LAG: Final = "llm_latency.event_loop.lag"
+#: How long the event loop's thread waited for a CPU while the attempt was in flight (s): the
+#: machine's share of the loop's lateness, left out of ``EVENT_LOOP_LAG``.
+EVENT_LOOP_DESCHEDULED: Final = "llm_latency.event_loop.descheduled"
 #: The client library that made the attempt: aiohttp, httpx, httpx2 or urllib3 (requests).
 CLIENT: Final = "llm_latency.client"
 STREAM_EVENTS: Final = "llm_latency.stream.events"
