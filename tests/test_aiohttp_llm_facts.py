@@ -3,6 +3,8 @@ network overhead, route templates, stream statistics, and the metrics recorded w
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 from typing import Any
 
@@ -242,14 +244,18 @@ async def test_server_processing_time_metric(telemetry: Telemetry, server: LLMSe
     assert dict(point.attributes) == {"server.address": "127.0.0.1"}
 
 
+@pytest.mark.parametrize("parent", [False, True], ids=["root", "under a program span"])
 async def test_the_request_duration_links_the_trace_the_server_time_does_not(
-    telemetry: Telemetry, server: LLMServer
+    telemetry: Telemetry, server: LLMServer, parent: bool
 ) -> None:
     """The request duration's exemplar is the attempt's trace; the server's time, recorded for
-    the same attempt, carries none (its exemplar would cost a third of the record)."""
+    the same attempt, carries none (its exemplar would cost a third of the record), also when
+    the program's own span is current (the SDK takes an empty context for "the current one")."""
+    tracer = telemetry.tracer_provider.get_tracer("program")
     async with aiohttp.ClientSession() as session:
-        async with session.get(server.url(wait=0.05)) as response:
-            await response.read()
+        with tracer.start_as_current_span("batch") if parent else contextlib.nullcontext():
+            async with session.get(server.url(wait=0.05)) as response:
+                await response.read()
     (attempt,) = telemetry.attempts()
     assert attempt.context is not None
     # One collection: the SDK hands each exemplar over once.

@@ -139,6 +139,7 @@ class LoopLagMonitor:
         #: When the current tick was scheduled, and the loop thread's run-queue wait then.
         self._scheduled_ns = 0
         self._waited_ns = 0
+        self._pending_share: tuple[int, float] | None = None  # (due, share) of the late tick
 
     def attempt_started(self) -> None:
         """An attempt starts on this loop (call from the loop's thread)."""
@@ -172,7 +173,7 @@ class LoopLagMonitor:
         self._in_flight -= 1
         now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
-        pending = self._stretch(self._due_ns, now) if late else None
+        pending = self._pending(now) if late else None
         if pending is None and not self.busy:
             return None
         windows = [bounds_of(phase) for phase in range(phases)]
@@ -287,6 +288,17 @@ class LoopLagMonitor:
             if waited is not None and since > 0:
                 share = min(max(waited - self._waited_ns, 0) / since, 1.0)
         return due, now, share
+
+    def _pending(self, now: int) -> Stretch:
+        """The stretch the loop is late in now (its tick has not run yet), its CPU-wait share
+        read once per stretch: at saturation every attempt ends in one."""
+        due = self._due_ns
+        cached = self._pending_share
+        if cached is not None and cached[0] == due:
+            return due, now, cached[1]
+        stretch = self._stretch(due, now)
+        self._pending_share = (due, stretch[2])
+        return stretch
 
     def _tick(self) -> None:
         now = clock_ns()

@@ -28,8 +28,9 @@ from llm_latency.timeline import CONNECT, DNS, PHASE_NAMES, PROXY, QUEUE, TLS
 
 Attributes = tuple[tuple[str, Any], ...]
 
-#: An empty context: records made in it carry no trace exemplar.
-_NO_TRACE = Context()
+#: A context with no span: records made in it carry no trace exemplar. Not an empty one: the
+#: SDK takes an empty (falsy) context for "the current one", whose span is the program's.
+_NO_TRACE = Context({"llm_latency.no_exemplar": True})
 
 #: The phases ``llm_latency.phase.duration`` records by default (``phase_metrics="setup"``): those
 #: whose presence is itself the news (the attempt waited for a connection, or set one up, a
