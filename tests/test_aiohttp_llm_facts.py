@@ -4,7 +4,6 @@ network overhead, route templates, stream statistics, and the metrics recorded w
 from __future__ import annotations
 
 import contextlib
-
 import re
 from typing import Any
 
