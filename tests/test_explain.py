@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from llm_latency import trace_files
 from llm_latency.diagnosis import calls_from_spans, from_readable_spans
 from llm_latency.diagnosis.records import Call
-from llm_latency.testing import LocalDNS
+from llm_latency.testing import LocalDNS, Profile, running
 from tests.command_line import run_cli
 from tests.conftest import Telemetry
 from tests.provider_api import ProviderServer, provider_server
@@ -191,7 +192,7 @@ async def test_explain_fresh_connections_finds_them(
         "status_code=200 connection=new request_id=req_test_123 server=10.0 ms"
     ] * 4
     assert "→ 3 of 3 requests that could have used a pooled connection opened a new one" in output
-    assert "  fix: reuse one client for all requests" in output
+    assert "  fix: reuse one client for all requests: one aiohttp.ClientSession()" in output
     starts = [start for name, start, *_ in table if name == "batch job"]
     assert starts == sorted(starts) and starts[0] == 0.0  # offsets from the trace's first call
 
@@ -208,15 +209,61 @@ async def test_explain_reads_standard_input_and_several_traces(
     headers = [line for line in output.splitlines() if line.startswith("trace ")]
     trace_ids = {f"{s.context.trace_id:032x}" for s in spans}
     assert len(headers) == 2 and {h.split()[1].rstrip(":") for h in headers} == trace_ids
-    blocks = output.split("\n\n")  # each trace: its tree, then its own findings
-    assert len(blocks) == 2
-    for block in blocks:
-        lines = block.splitlines()
+    *trees, findings = output.split("\n\n")  # each trace's tree, then the file's findings
+    assert len(trees) == 2
+    for block in trees:
         assert block.count("attempts=1") == 1
-        findings = lines[1 + len(rows(block)) :]
-        assert findings and findings[0].startswith("→ ")
-        evidence = [line for line in findings if line.startswith("→ ") and "requests)" in line]
-        assert all(line.endswith(" of 1 requests)") for line in evidence)  # this trace's only
+        assert len(block.splitlines()) == 1 + len(rows(block))  # no findings of its own
+    lines = findings.splitlines()
+    assert lines[0] == "findings: 2 calls in 2 traces, diagnosed together"
+    evidence = [line for line in lines if line.startswith("→ ") and "requests)" in line]
+    assert all(line.endswith(" of 2 requests)") for line in evidence)  # both traces' calls
+
+
+async def test_explain_diagnoses_a_file_s_calls_together(
+    telemetry: Telemetry, tmp_path: Path
+) -> None:
+    """A program with no span of its own, a new session per call: each call is a trace of its
+    own, one call is no evidence, but the four are: the file's calls are diagnosed together,
+    as ``diagnose()`` reads the program's spans."""
+    async with running(Profile(ttfb=0.01, tokens=1, tls_delay=0.03), tls=True) as server:
+        context = ssl.create_default_context(cafile=str(server.ca_file))
+        for _ in range(4):
+            async with aiohttp.ClientSession() as session:
+                async with session.post(server.url(), json={}, ssl=context) as response:
+                    await response.read()
+    path = write(tmp_path, telemetry.spans(), "otlp")
+    output = explain(str(path))
+    assert len([line for line in output.splitlines() if line.startswith("trace ")]) == 4
+    assert "→ no findings" not in output
+    findings = output.split("\n\n")[-1]
+    assert findings.startswith("findings: 4 calls in 4 traces, diagnosed together\n")
+    assert "→ 3 of 3 requests that could have used a pooled connection opened a new one" in findings
+    assert "one aiohttp.ClientSession() for the program's life" in findings
+
+
+async def test_explain_diagnoses_each_program_apart(
+    telemetry: Telemetry, server: LLMServer, dns: LocalDNS, tmp_path: Path
+) -> None:
+    """Two programs' traces in one file (Jaeger's ``processes``): each program's calls are
+    diagnosed on their own, under its name."""
+    spans = await fresh_connections(telemetry, server, dns)
+    documents = [json.loads(jaeger_json(spans, service=name)) for name in ("batch", "other")]
+    documents[1]["data"][0]["traceID"] = "f" * 32
+    for span in documents[1]["data"][0]["spans"]:  # the same spans, in a trace of their own
+        span["traceID"] = "f" * 32
+        for reference in span["references"]:
+            reference["traceID"] = "f" * 32
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps({"data": documents[0]["data"] + documents[1]["data"]}))
+    output = explain(str(path))
+    blocks = output.split("\n\n")
+    assert [b.splitlines()[0] for b in blocks[2:]] == [
+        "findings for batch: 4 calls in 1 trace, diagnosed together",
+        "findings for other: 4 calls in 1 trace, diagnosed together",
+    ]
+    for block in blocks[2:]:  # each sees its own four calls, not eight
+        assert "→ 3 of 3 requests that could have used a pooled connection" in block
 
 
 async def test_otlp_json_with_base64_ids_and_enum_names(

@@ -41,6 +41,9 @@ INDENT = "  "
 MIN_NAME_WIDTH = 30
 #: With a width, facts continue under their column only when it leaves them this much room.
 MIN_FACTS_WIDTH = 24
+#: The row of a wait between two attempts of the program's own retry loop (no span of its own:
+#: the gap between them, :attr:`Backoff.inferred`).
+OWN_RETRY_WAIT = "(wait before a retry)"
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,9 @@ def rows(call: Call, origin_ns: int) -> list[Row]:
     for member in members:
         start = _offset(member.start_ns, origin_ns)
         if isinstance(member, Backoff):
-            out.append(Row(1, semconv.BACKOFF_SPAN, start, member.duration, _backoff_facts(member)))
+            # A wait of the program's own retry loop is no span: it is shown as what it is.
+            name = OWN_RETRY_WAIT if member.inferred else semconv.BACKOFF_SPAN
+            out.append(Row(1, name, start, member.duration, _backoff_facts(member)))
             continue
         out.append(Row(1, _attempt_name(member), start, member.duration, _attempt_facts(member)))
         for phase in member.phases:

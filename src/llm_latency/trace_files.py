@@ -11,6 +11,9 @@
   Ids are hex (base64, as a generic protobuf JSON writer makes them, is read too), times are
   nanoseconds as strings, the kind an integer or its enum name.
 
+Each span keeps the program that made it (``service.name``: OTLP's resource attribute, Jaeger's
+process), so that the calls of several programs in one file are diagnosed apart.
+
 Each problem with a file is one :class:`TraceFileError` whose message is one line.
 """
 
@@ -21,7 +24,7 @@ import binascii
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llm_latency.diagnosis.records import Call, SpanRecord, calls_from_spans
@@ -33,6 +36,8 @@ OTLP = "OTLP JSON"
 _KIND_TAG = "span.kind"
 _SCOPE_TAGS = ("otel.scope.name", "otel.library.name")
 _OTLP_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
+#: The resource attribute that names the program (Jaeger: the span's process).
+_SERVICE_NAME = "service.name"
 
 __all__ = [
     "JAEGER",
@@ -161,6 +166,9 @@ def _otlp_spans(document: dict[str, Any], name: str) -> Iterator[SpanRecord]:
         document = document["result"]
     for resource_spans in _list(_get(document, "resourceSpans", "resource_spans")):
         resource_spans = _dict(resource_spans)
+        resource = _otlp_attributes(_dict(resource_spans.get("resource")).get("attributes"))
+        service = resource.get(_SERVICE_NAME)
+        service = None if service is None else str(service)
         scopes = _get(resource_spans, "scopeSpans", "scope_spans")
         if scopes is None:  # OTLP before 0.15
             scopes = _get(
@@ -173,7 +181,7 @@ def _otlp_spans(document: dict[str, Any], name: str) -> Iterator[SpanRecord]:
                 scope = _get(scope_spans, "instrumentationLibrary", "instrumentation_library")
             scope_name = _dict(scope).get("name") or None
             for span in _list(scope_spans.get("spans")):
-                yield _otlp_span(_dict(span), scope_name, name)
+                yield replace(_otlp_span(_dict(span), scope_name, name), service=service)
 
 
 def _otlp_span(span: dict[str, Any], scope: str | None, name: str) -> SpanRecord:
@@ -292,10 +300,13 @@ def _jaeger_error(document: Any) -> str | None:
 
 
 def _jaeger_spans(trace: dict[str, Any], name: str) -> Iterator[SpanRecord]:
+    processes = _dict(trace.get("processes"))
     for span in trace["spans"]:
         if not isinstance(span, dict):
             raise TraceFileError(f"{name}: a Jaeger span that is not an object")
-        yield _jaeger_span(span, name)
+        service = _dict(processes.get(str(span.get("processID")))).get("serviceName")
+        record = _jaeger_span(span, name)
+        yield record if service is None else replace(record, service=str(service))
 
 
 def _jaeger_span(span: dict[str, Any], name: str) -> SpanRecord:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llm_latency.diagnosis.failures import FAILURE_RULES
-from llm_latency.diagnosis.findings import Evidence, Finding, Saving
+from llm_latency.diagnosis.findings import Evidence, Finding, Fix, Saving
 from llm_latency.diagnosis.records import (
     Attempt,
     Backoff,
@@ -21,6 +21,7 @@ from llm_latency.diagnosis.records import (
     from_readable_spans,
 )
 from llm_latency.diagnosis.rules import RULES
+from llm_latency.diagnosis.seen import concurrency, is_batch
 from llm_latency.diagnosis.tokens import without_superseded
 from llm_latency.diagnosis.us_or_them import program_calls, us_or_them
 
@@ -30,6 +31,7 @@ __all__ = [
     "Call",
     "Evidence",
     "Finding",
+    "Fix",
     "Saving",
     "SpanRecord",
     "calls_from_spans",
@@ -59,12 +61,14 @@ def as_calls(items: Iterable[Any]) -> list[Call]:
     return calls + calls_from_spans(spans)
 
 
-def rank(finding: Finding) -> tuple[int, float]:
+def rank(finding: Finding, concurrency: float = 1.0) -> tuple[int, float]:
     """The order of the findings: failures first (a failed call is worse than a slow one), the
-    most frequent first; then the largest expected saving."""
+    most frequent first; then the largest expected saving (:meth:`Saving.ranked`: the wall time
+    a batch saves, else the seconds saved over the requests, over the ``concurrency`` of a
+    batch)."""
     if finding.rule in FAILURE_RULES:
         return (0, -finding.evidence.share)
-    return (1, -(finding.saving.total if finding.saving is not None else 0.0))
+    return (1, -(finding.saving.ranked(concurrency) if finding.saving is not None else 0.0))
 
 
 def diagnose(calls: Iterable[Any]) -> list[Finding]:
@@ -85,5 +89,6 @@ def diagnose(calls: Iterable[Any]) -> list[Finding]:
     findings = [finding for rule in RULES if (finding := rule(own)) is not None]
     findings = without_superseded([finding for finding in findings if finding.evidence.enough])
     findings += us_or_them(records)
-    findings.sort(key=rank)
+    spread = concurrency(own) if is_batch(own) else 1.0
+    findings.sort(key=lambda finding: rank(finding, spread))
     return findings

@@ -3,7 +3,7 @@
 A failure is never diagnosed as slowness: the latency rules read only the attempts that
 succeeded, and every failed attempt comes here, sorted into one kind by the phase it failed in
 and its ``error.type`` (or its 5xx status). Rate limits (429) have a rule of their own, which
-counts the time the refusals and the backoffs cost.
+counts the time the refusals and the backoffs cost (:mod:`~llm_latency.diagnosis.rate_limits`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration
+from llm_latency.diagnosis.findings import Evidence, Finding
 from llm_latency.diagnosis.measured import attempts as all_attempts
 from llm_latency.diagnosis.records import Attempt, Call
 
-#: rate-limits: at least this share of the attempts answered 429...
-RATE_LIMITED_MIN_SHARE: Final = 0.05
 #: a failure finding: at least this share of the attempts failed that way.
 FAILED_MIN_SHARE: Final = 0.05
 
@@ -180,56 +178,3 @@ def server_errors(calls: Sequence[Call]) -> Finding | None:
 def failed_requests(calls: Sequence[Call]) -> Finding | None:
     """Any other failure: a 4xx other than 429, an error of no known kind."""
     return _failure(calls, "failed-requests")
-
-
-def rate_limits(calls: Sequence[Call]) -> Finding | None:
-    """Many 429s: refused calls, and the time retries and backoffs cost."""
-    everything = all_attempts(calls)
-    limited = sum(1 for a in everything if a.status == 429)
-    if not everything or not limited or limited < RATE_LIMITED_MIN_SHARE * len(everything):
-        return None
-    affected = [call for call in calls if any(a.status == 429 for a in call.attempts)]
-    retried = sum(1 for call in affected for a in call.attempts[1:] if a.resend_count > 0)
-    fix = (
-        "limit the request rate on the client side (a token bucket under the provider's "
-        "x-ratelimit-limit-requests) and honour retry-after (the SDKs do; a loop of one's own "
-        "can use llm_latency.retry)"
-    )
-    if not retried:
-        # Refused and not retried: those calls failed. What a limit saves is the failure
-        # itself, not the few ms a 429 takes; the evidence is the share of the requests.
-        evidence = Evidence.of(
-            "429 responses",
-            [a.duration for a in everything if a.status == 429],
-            limited / len(everything),
-            len(everything),
-            share_of="the requests",
-            min_share=RATE_LIMITED_MIN_SHARE,
-        )
-        return Finding(
-            rule="rate-limits",
-            cause=f"{limited} of {len(everything)} attempts were rate limited (429) and none "
-            "was retried: those calls failed",
-            evidence=evidence,
-            fix=fix,
-            saving=None,
-        )
-    # Per call that was refused: its failed attempts' time and its backoffs.
-    lost = [
-        sum(a.duration for a in call.attempts if not a.succeeded) + call.backoff_time
-        for call in affected
-    ]
-    backoff = sum(call.backoff_time for call in affected)
-    whole = sum(call.duration for call in calls) or 1e-9  # backoffs included
-    evidence = Evidence.of(
-        "failed attempts + retry.backoff", lost, sum(lost) / whole, len(calls), unit="calls"
-    )
-    return Finding(
-        rule="rate-limits",
-        cause=f"{limited} of {len(everything)} attempts were rate limited (429) and {retried} "
-        f"{'was a retry' if retried == 1 else 'were retries'}; {duration(backoff)} went to "
-        "retry.backoff",
-        evidence=evidence,
-        fix=fix,
-        saving=Saving(evidence.p50, evidence.p95, len(lost)),
-    )

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final
 
 NBSP = "\u00a0"
 
@@ -115,46 +115,136 @@ class Evidence:
         )
 
 
+#: What a saving is of (:attr:`Saving.kind`): the wall time of a batch of calls, from its first
+#: call's start to its last one's end, ...
+WALL: Final = "wall"
+#: ... each call's time at p50 (calls spread over time, not a batch) ...
+P50: Final = "p50"
+#: ... or per request at p50 on ``requests`` requests (a sum: what no single clock shows).
+PER_REQUEST: Final = "requests"
+
+
 @dataclass(frozen=True)
 class Saving:
-    """The expected saving of a fix: per request at p50 and p95 (s), on ``requests`` requests."""
+    """The expected saving of a fix: per request at p50 and p95 (s), on ``requests`` requests;
+    ``kind`` says what the user will see once the fix is in, and ``seen`` how much (s): the
+    batch's wall time shorter by ``seen`` (:data:`WALL`), each call's p50 (:data:`P50`: then
+    ``seen`` is ``p50``, over ``requests`` calls), or only the per-request sum
+    (:data:`PER_REQUEST`, ``seen`` None)."""
 
     p50: float
     p95: float
     requests: int
+    kind: str = PER_REQUEST
+    seen: float | None = None
 
     @property
     def total(self) -> float:
         """Seconds saved over all the requests concerned, at p50."""
         return self.p50 * self.requests
 
+    def ranked(self, concurrency: float = 1.0) -> float:
+        """What findings are ranked by (s): the wall time a batch saves, else the seconds saved
+        over the requests, over the ``concurrency`` at which they ran (a batch's requests at
+        once save their seconds side by side)."""
+        if self.kind == WALL and self.seen is not None:
+            return self.seen
+        return self.total / max(concurrency, 1.0)
+
     def text(self) -> str:
-        """``saves about 820 ms per request at p50 (1.20 s at p95), on 30 requests``."""
+        """``saves about 820 ms per request at p50 (1.20 s at p95), on 30 requests``; for a
+        batch, ``saves about 480 ms of the batch's wall time (...)``."""
+        at_p95 = f" ({duration(self.p95)} at p95)" if self.p95 > self.p50 * 1.05 else ""
+        if self.kind == WALL and self.seen is not None:
+            calls = "1 call" if self.requests == 1 else f"each of {self.requests} calls"
+            return (
+                f"saves about {duration(self.seen)} of the batch's wall time (from its first "
+                f"call's start to its last one's end; {duration(self.p50)} at p50{at_p95} on "
+                f"{calls})"
+            )
+        if self.kind == P50:
+            return (
+                f"saves about {duration(self.p50)} per call at p50{at_p95}, on the "
+                f"{self.requests} calls"
+            )
         if self.requests == 1:
             return f"saves about {duration(self.p50)}"
-        at_p95 = f" ({duration(self.p95)} at p95)" if self.p95 > self.p50 * 1.05 else ""
         return (
             f"saves about {duration(self.p50)} per request at p50{at_p95}, "
             f"on {self.requests} requests: {duration(self.total)} in all"
         )
 
 
+#: How a :class:`Fix` is applied: one object of its ``api`` for the program's life, every
+#: request through it ...
+REUSE: Final = "reuse"
+#: ... its ``api`` built with its ``settings`` (a client's, a pool's options) ...
+CONFIGURE: Final = "configure"
+#: ... or the call that makes the request wrapped in its ``api`` called with its ``settings``.
+DECORATE: Final = "decorate"
+
+#: A setting's value.
+Value = int | float | bool | str
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A fix a program can apply by rote: the ``client`` library (or SDK) whose API it names,
+    the ``api`` (``requests.Session``, ``aiohttp.TCPConnector``, ``llm_latency.retry``), ``how``
+    it is applied (:data:`REUSE`, :data:`CONFIGURE`, :data:`DECORATE`) and the ``settings``
+    (parameter, value) to pass. A finding's text names it (:meth:`text`)."""
+
+    client: str
+    api: str
+    how: str
+    settings: tuple[tuple[str, Value], ...] = ()
+
+    @property
+    def parameters(self) -> dict[str, Value]:
+        """The settings as keyword arguments."""
+        return dict(self.settings)
+
+    def call(self) -> str:
+        """``aiohttp.TCPConnector(limit=30, limit_per_host=30)``, ``requests.Session()``."""
+        arguments = ", ".join(f"{name}={value!r}" for name, value in self.settings)
+        return f"{self.api}({arguments})"
+
+    def text(self) -> str:
+        """The fix in words: ``one requests.Session() for the program's life, every request
+        through it``, ``aiohttp.TCPConnector(limit=30, limit_per_host=30)``,
+        ``@llm_latency.retry(attempts=3) on the function that sends the request``."""
+        if self.how == REUSE:
+            return f"one {self.call()} for the program's life, every request through it"
+        if self.how == DECORATE:
+            return f"@{self.call()} on the function that sends the request"
+        return self.call()
+
+    def as_json(self) -> dict[str, Any]:
+        """The fix as JSON-ready data (the settings as an object)."""
+        return {"client": self.client, "api": self.api, "how": self.how,
+                "settings": self.parameters, "call": self.call()}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Finding:
     """One diagnosis: ``rule`` (a stable id), the ``cause`` in a sentence, the ``evidence``,
-    the ``fix``, and its ``saving`` (None when no client-side change can shorten the time)."""
+    the ``fix`` in words, its ``saving`` (None when no client-side change can shorten the time)
+    and ``change``: the fix as a :class:`Fix` a program can apply by rote, when it is one (None:
+    the fix is the provider's, the network's, or a choice of the program's)."""
 
     rule: str
     cause: str
     evidence: Evidence
     fix: str
     saving: Saving | None
+    change: Fix | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The finding as JSON-ready data (seconds as numbers)."""
         data = asdict(self)
         if self.saving is not None:
             data["saving"]["total"] = self.saving.total
+        data["change"] = None if self.change is None else self.change.as_json()
         return data
 
     def lines(self) -> list[str]:

@@ -16,32 +16,23 @@ from typing import Final
 
 from llm_latency import semconv
 from llm_latency.diagnosis import failures, tokens
-from llm_latency.diagnosis.advice import pool_knob
-from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
-from llm_latency.diagnosis.measured import (
-    MIN_REQUESTS,
-    answered,
-    by_host,
-    interval,
-    sustained_peak,
+from llm_latency.diagnosis.connections import (
+    NEW_CONNECTION_MIN_SETUP,
+    NEW_CONNECTION_MIN_SHARE,
+    SLOW_CONNECT,
+    new_connections,
+    slow_connect,
 )
+from llm_latency.diagnosis.dns import SLOW_DNS, slow_dns
+from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
+from llm_latency.diagnosis.measured import MIN_REQUESTS, answered
 from llm_latency.diagnosis.measured import total as _total
-from llm_latency.diagnosis.records import SETUP_PHASES, Attempt, Call
+from llm_latency.diagnosis.pool import QUEUE_MIN_SHARE, QUEUE_MIN_WAIT, pool_queue
+from llm_latency.diagnosis.rate_limits import rate_limits
+from llm_latency.diagnosis.records import Attempt, Call
 from llm_latency.diagnosis.stream_limit import http2_stream_limit
-from llm_latency.timeline import DNS, QUEUE, WAIT
+from llm_latency.timeline import WAIT
 
-#: new-connections: a connection set-up (DNS + TCP + TLS) that costs at least this (s) at p50...
-NEW_CONNECTION_MIN_SETUP: Final = 0.005
-#: ... paid again on at least this share of the requests that could have been pooled.
-NEW_CONNECTION_MIN_SHARE: Final = 0.5
-#: pool-queue: at least this share of the time waiting in ``http.queue``...
-QUEUE_MIN_SHARE: Final = 0.05
-#: ... by at least two requests that each waited at least this (s).
-QUEUE_MIN_WAIT: Final = 0.005
-#: slow-dns: name resolution p50 at least this (s).
-SLOW_DNS: Final = 0.05
-#: slow-connect: TCP + TLS p50 at least this (s).
-SLOW_CONNECT: Final = 0.1
 #: server-time: the provider's own time is at least this (s) at p50...
 SERVER_MIN_TIME: Final = 0.5
 #: ... at least this share of ``http.wait``...
@@ -68,6 +59,20 @@ LAG_MIN_SHARE: Final = 0.1
 #: A phase whose time was at least this share the program's own stall is "mostly lag".
 MOSTLY_LAG: Final = 0.5
 
+__all__ = [
+    "NEW_CONNECTION_MIN_SETUP",
+    "NEW_CONNECTION_MIN_SHARE",
+    "QUEUE_MIN_SHARE",
+    "QUEUE_MIN_WAIT",
+    "RULES",
+    "SLOW_CONNECT",
+    "SLOW_DNS",
+    "new_connections",
+    "pool_queue",
+    "slow_connect",
+    "slow_dns",
+]
+
 Rule = Callable[[Sequence[Call]], "Finding | None"]
 
 
@@ -77,105 +82,6 @@ def _attempts(calls: Sequence[Call]) -> list[Attempt]:
 
 def _evidence(phase: str, values: Sequence[float], share: float, requests: int) -> Evidence:
     return Evidence.of(phase, values, share, requests, needed=MIN_REQUESTS)
-
-
-def new_connections(calls: Sequence[Call]) -> Finding | None:
-    """DNS, TCP and TLS paid again on most requests: the client is not reused."""
-    attempts = _attempts(calls)
-    excess: list[Attempt] = []
-    poolable = 0
-    for same_host in by_host(attempts).values():
-        # The connections the concurrency requires:
-        needed = sustained_peak([interval(a) for a in same_host])
-        fresh = sorted((a for a in same_host if a.opened_connection), key=lambda a: a.start_ns)
-        excess += fresh[needed:]
-        poolable += max(len(same_host) - needed, 0)
-    setups = [a.connection_setup for a in excess]
-    if (
-        len(excess) < 2
-        or len(excess) < NEW_CONNECTION_MIN_SHARE * poolable
-        or percentile(setups, 50) < NEW_CONNECTION_MIN_SETUP
-    ):
-        return None
-    evidence = _evidence("dns+connect+tls", setups, sum(setups) / _total(attempts), len(attempts))
-    return Finding(
-        rule="new-connections",
-        cause=f"{len(excess)} of {poolable} requests that could have used a pooled connection "
-        "opened a new one, paying DNS, TCP and TLS again",
-        evidence=evidence,
-        fix="reuse one client for all requests (one aiohttp.ClientSession, httpx.Client, "
-        "requests.Session or SDK client, created once) so connections are kept alive",
-        saving=Saving(evidence.p50, evidence.p95, len(excess)),
-    )
-
-
-def pool_queue(calls: Sequence[Call]) -> Finding | None:
-    """Requests waited for a free connection in the client's pool."""
-    attempts = _attempts(calls)
-    pooled = [a for a in attempts if a.protocol != "2"]  # HTTP/2 queues: http2_stream_limit
-    waits = [q for a in pooled if (q := a.net("queue") or 0.0) >= QUEUE_MIN_WAIT]
-    share = sum(waits) / _total(attempts)
-    if len(waits) < MIN_REQUESTS or share < QUEUE_MIN_SHARE:
-        return None
-    hosts = by_host(attempts).values()
-    # Levels of concurrency that lasted: a connection handed from one request to the next
-    # overlaps the two for an instant, which is no larger pool.
-    wanted = max(sustained_peak([interval(a) for a in same_host]) for same_host in hosts)
-    in_use = max(sustained_peak([interval(a, True) for a in same_host]) for same_host in hosts)
-    evidence = _evidence(semconv.PHASE_SPAN_NAMES[QUEUE], waits, share, len(attempts))
-    return Finding(
-        rule="pool-queue",
-        cause=f"{len(waits)} requests waited for a free connection: {wanted} were in flight at "
-        f"once on a pool that served {in_use} at a time",
-        evidence=evidence,
-        fix=f"raise the pool's limit ({pool_knob(attempts)}) from {in_use} to {wanted}, the "
-        f"concurrency seen, or send at most {in_use} at once",
-        saving=Saving(evidence.p50, evidence.p95, len(waits)),
-    )
-
-
-def slow_dns(calls: Sequence[Call]) -> Finding | None:
-    """Name resolution is slow."""
-    attempts = _attempts(calls)
-    lookups = [d for a in attempts if (d := a.net("dns")) is not None]
-    if not lookups or percentile(lookups, 50) < SLOW_DNS:
-        return None
-    evidence = _evidence(
-        semconv.PHASE_SPAN_NAMES[DNS], lookups, sum(lookups) / _total(attempts), len(attempts)
-    )
-    return Finding(
-        rule="slow-dns",
-        cause=f"resolving the host's name took {duration(evidence.p50)} at p50",
-        evidence=evidence,
-        fix="cache DNS answers: keep the client's DNS cache on (aiohttp's ttl_dns_cache), run "
-        "a local caching resolver (systemd-resolved, dnsmasq, nscd), and reuse connections "
-        "so names are resolved less often",
-        saving=Saving(evidence.p50, evidence.p95, len(lookups)),
-    )
-
-
-def slow_connect(calls: Sequence[Call]) -> Finding | None:
-    """TCP and TLS handshakes are slow: the server is far, or its edge is busy."""
-    attempts = _attempts(calls)
-    handshakes = [
-        sum(a.net(name) or 0.0 for name in SETUP_PHASES if name != "dns")
-        for a in attempts
-        if a.phase("connect") is not None or a.phase("tls") is not None
-    ]
-    if not handshakes or percentile(handshakes, 50) < SLOW_CONNECT:
-        return None
-    evidence = _evidence(
-        "http.connect+tls", handshakes, sum(handshakes) / _total(attempts), len(attempts)
-    )
-    return Finding(
-        rule="slow-connect",
-        cause=f"the TCP and TLS handshakes took {duration(evidence.p50)} at p50: the server is "
-        "far away or its edge is slow",
-        evidence=evidence,
-        fix="keep connections alive and reuse them so the handshake is paid once per "
-        "connection, and use a region or endpoint nearer this program",
-        saving=Saving(evidence.p50, evidence.p95, len(handshakes)),
-    )
 
 
 def server_time(calls: Sequence[Call]) -> Finding | None:
@@ -379,7 +285,7 @@ RULES: Final[tuple[Rule, ...]] = (
     failures.connection_reset,
     failures.server_errors,
     failures.failed_requests,
-    failures.rate_limits,
+    rate_limits,
     pool_queue,
     http2_stream_limit,
     new_connections,
