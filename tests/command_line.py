@@ -83,7 +83,8 @@ def run_cli(
         out, err = streams[0].getvalue(), streams[1].getvalue()
     assert isinstance(code, int), code
     # What makes running in process sound: the command leaves the process as it found it.
-    assert _global_state() == before
+    after = _global_state()
+    assert after == before, [(b, a) for b, a in zip(before, after, strict=True) if b != a]
     return Result(code, out.decode(), err.decode())
 
 

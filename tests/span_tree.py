@@ -7,7 +7,8 @@ and so are the values that
 change from run to run: the server's port is ``PORT`` in URLs and ``server.port``, and measured
 durations among the attributes compare with ``dirty_equals`` matchers in the expected tree (a
 phase span's event-loop lag, there only when the loop happened to be late, is left out too:
-tests/test_event_loop_lag.py checks it). A
+tests/test_event_loop_lag.py checks it; so is a request span's ``event_loop.descheduled``,
+there only when the machine took the loop's CPU: tests/test_descheduled.py checks it). A
 test then states what the trace must be in one literal, as pydantic/logfire's integration tests
 do. (inline-snapshot, which writes such literals, needs rich 13.7.1 or later: the oldest
 supported set tests the CLI on rich 13.0.)
@@ -42,6 +43,7 @@ def _node(span: ReadableSpan, by_parent: dict[int, list[ReadableSpan]]) -> dict[
     attributes = dict(span.attributes or {})
     if "llm_latency.phase" in attributes:
         attributes.pop("llm_latency.event_loop.lag", None)
+    attributes.pop("llm_latency.event_loop.descheduled", None)
     node: dict[str, Any] = {
         "name": span.name,
         "kind": span.kind.name,

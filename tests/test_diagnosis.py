@@ -335,7 +335,12 @@ async def test_stream_stall(telemetry: Telemetry, stall: float) -> None:
         assert "stream-stall" not in rules_found(findings)
         return
     found = finding(findings, "stream-stall")
-    assert found.evidence.count == 1 and found.evidence.p50 >= 1.1
+    # The pause is the server's, but for what a late loop (a loaded machine) held the next
+    # chunk back: that part is the attempt's lag, out of the stream's longest gap.
+    (attempt,) = telemetry.attempts()
+    lag = (attempt.attributes or {}).get("llm_latency.event_loop.lag", 0.0)
+    assert isinstance(lag, float)
+    assert found.evidence.count == 1 and found.evidence.p50 + lag >= 1.1
     assert found.saving is not None and found.saving.p50 > 1.0
 
 
