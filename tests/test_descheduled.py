@@ -103,3 +103,4 @@ def test_a_loop_without_a_cpu_is_the_machines_wait_not_the_programs_lag(
         assert lag < STARVED / 4, attributes
     rules = [finding.rule for finding in llm_latency.diagnose(telemetry.spans())]
     assert "event-loop-lag" not in rules
+    assert "short-of-cpu" in rules  # the machine's, said as such

@@ -80,6 +80,8 @@ class Attempt:
     server_processing: float | None = None
     network_overhead: float | None = None
     event_loop_lag: float | None = None
+    #: How long the loop's thread waited for a CPU during the attempt (the machine's share).
+    descheduled: float | None = None
     protocol: str | None = None  # network.protocol.version: "1.1", "2"
     time_to_first_chunk: float | None = None
     client: str | None = None  # the client library (llm_latency.client), when known

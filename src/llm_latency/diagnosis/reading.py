@@ -123,6 +123,7 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
         server_processing=_float(attributes.get(semconv.SERVER_PROCESSING_TIME)),
         network_overhead=_float(attributes.get(semconv.NETWORK_OVERHEAD)),
         event_loop_lag=_float(attributes.get(semconv.EVENT_LOOP_LAG)),
+        descheduled=_float(attributes.get(semconv.EVENT_LOOP_DESCHEDULED)),
         protocol=_first(attributes.get(semconv.NETWORK_PROTOCOL_VERSION)),
         time_to_first_chunk=_float(attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)),
         client=_first(attributes.get(semconv.CLIENT)),

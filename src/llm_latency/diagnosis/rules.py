@@ -276,6 +276,31 @@ def event_loop_lag(calls: Sequence[Call]) -> Finding | None:
     )
 
 
+def short_of_cpu(calls: Sequence[Call]) -> Finding | None:
+    """The machine had no CPU for the program's event loop while requests were under way:
+    the loop's thread waited on the kernel's run queue (``llm_latency.event_loop.descheduled``),
+    which is neither the program's code nor the provider's. The same bounds as
+    :func:`event_loop_lag`."""
+    attempts = [a for a in _attempts(calls) if a.event_loop_lag is not None]
+    waits = [a.descheduled or 0.0 for a in attempts]
+    if sum(1 for wait in waits if wait >= LAG_MIN) < MIN_REQUESTS:
+        return None
+    share = sum(waits) / _total(attempts)
+    if percentile(waits, 50) < LAG_MIN or share < LAG_MIN_SHARE:
+        return None
+    evidence = _evidence("waiting for a CPU", waits, share, len(attempts))
+    return Finding(
+        rule="short-of-cpu",
+        cause=f"the machine had no CPU for this program's event loop for {duration(evidence.p50)} "
+        "at p50 while requests were under way (other processes or a CPU limit took it): the "
+        "answers waited to be read; neither the program's code nor the provider",
+        evidence=evidence,
+        fix="give the process more CPU: a higher CPU request and limit (Kubernetes), fewer "
+        "processes per core, or a less busy machine",
+        saving=Saving(evidence.p50, evidence.p95, len(attempts)),
+    )
+
+
 #: Every rule, failures first, in the order findings of equal rank are listed.
 RULES: Final[tuple[Rule, ...]] = (
     failures.dns_failure,
@@ -292,6 +317,7 @@ RULES: Final[tuple[Rule, ...]] = (
     slow_dns,
     slow_connect,
     event_loop_lag,
+    short_of_cpu,
     network_overhead,
     tokens.provider_queue,
     tokens.slow_generation,
