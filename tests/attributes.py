@@ -34,3 +34,12 @@ def float_attr(span: ReadableSpan, name: str) -> float:
     value = attributes(span)[name]
     assert isinstance(value, int | float) and not isinstance(value, bool), (span.name, name, value)
     return float(value)
+
+
+def longest_gap_seen(span: ReadableSpan) -> float:
+    """A stream's longest gap as its chunks arrived, at most: ``llm_latency.stream.max_gap``
+    (the provider's and the network's pause) plus the event-loop lag, which that attribute
+    leaves out (a late loop, a loaded machine, holds a chunk back)."""
+    lag = attributes(span).get("llm_latency.event_loop.lag", 0.0)
+    assert isinstance(lag, float)
+    return float_attr(span, "llm_latency.stream.max_gap") + lag

@@ -392,3 +392,24 @@ def test_urls_that_differ_only_in_a_secret_stay_apart() -> None:
     line = scrub(f"failed: {a} (url: /v1/x?api_key=one-secret), password='one-secret'", [a])
     assert "one-secret" not in line
     assert line.count("api_key=REDACTED") == 2
+
+
+@pytest.mark.parametrize("handler", ["ignored", "the program's own"])
+def test_probe_leaves_the_sigint_handler_it_found(handler: str) -> None:
+    """The probe's Ctrl-C handling is the event loop's for its run; after it, the handler it
+    found is back (asyncio puts back Python's default instead): an ignored SIGINT (a run under
+    nohup) stays ignored, a program's own handler stays its own. run_cli checks the signal
+    handler among what a command must leave as it found it."""
+
+    def own(signum: int, frame: object) -> None:
+        raise AssertionError("no SIGINT was sent")
+
+    wanted = signal.SIG_IGN if handler == "ignored" else own
+    before = signal.signal(signal.SIGINT, wanted)
+    try:
+        with mock_server("--ttfb", "0.01", "--tokens", "1") as mock:
+            report = probe_json(mock.url, "-n", "1", "--client", "aiohttp")
+        assert len(report["requests"]) == 1
+        assert signal.getsignal(signal.SIGINT) is wanted
+    finally:
+        signal.signal(signal.SIGINT, before)

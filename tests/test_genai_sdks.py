@@ -184,7 +184,9 @@ def assert_stream(ok: ReadableSpan, events: int) -> None:
     a = attrs(ok)
     assert a["llm_latency.stream.events"] == events
     assert a["gen_ai.response.time_to_first_chunk"] >= WAIT - EARLY
-    assert a["llm_latency.stream.max_gap"] >= TOKEN_GAP - EARLY
+    assert a["llm_latency.stream.max_gap"] + a.get("llm_latency.event_loop.lag", 0.0) >= (
+        TOKEN_GAP - EARLY
+    )  # the longest gap leaves out what a late loop held a chunk back
     assert seconds(ok) >= WAIT + (len(TOKENS) - 1) * TOKEN_GAP - EARLY
 
 

@@ -231,7 +231,9 @@ async def test_openai_streamed_completion(
     request = telemetry.request()
     attrs = attributes(request)
     assert attrs["gen_ai.response.time_to_first_chunk"] >= WAIT - 0.005
-    assert attrs["llm_latency.stream.max_gap"] >= TOKEN_GAP - 0.005
+    # The longest gap leaves out what a late loop (a loaded machine) held a chunk back.
+    lag = attrs.get("llm_latency.event_loop.lag", 0.0)
+    assert attrs["llm_latency.stream.max_gap"] + lag >= TOKEN_GAP - 0.005
     # The span lasts to the end of the stream, not to the headers.
     assert seconds(request) >= WAIT + (len(TOKENS) - 1) * TOKEN_GAP - 0.005
 

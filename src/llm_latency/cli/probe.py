@@ -401,9 +401,13 @@ async def probe_url(
     with Finished(time.time_ns(), emit, lambda: stop.soon("broken pipe")) as finished:
         collector.listener = finished.on_span
         handled = False
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGINT, stop.now, "interrupted")
-            handled = True
+        # SIGINT ignored (a run under nohup, in a shell's background) stays ignored; and the
+        # loop's removal of its handler puts back Python's default, not the one there before.
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is not signal.SIG_IGN:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signal.SIGINT, stop.now, "interrupted")
+                handled = True
         try:
             await _CLIENTS[client](url, request, options, errors)
             await asyncio.sleep(0)  # let callbacks that end the last spans run
@@ -413,6 +417,8 @@ async def probe_url(
         finally:
             if handled:
                 loop.remove_signal_handler(signal.SIGINT)
+                if previous is not None and signal.getsignal(signal.SIGINT) is not previous:
+                    signal.signal(signal.SIGINT, previous)
             collector.listener = None
     return UrlRun(finished.results, errors, collector.take(), stop.reason)
 
