@@ -82,8 +82,9 @@ test: lint docs dist $(PROMETHEUS3)
 # minutes on 2 cores, then seconds). Needs Go and root (or user namespaces): each service runs
 # in a mount namespace of its own with the compose service names in its /etc/hosts.
 BUNDLE_BUILDS ?= .tools/bundle
-E2E_TESTS := tests/e2e/test_versions.py tests/e2e/test_traces.py tests/e2e/test_metrics.py \
-	tests/e2e/test_tail_sampling.py tests/e2e/test_faults.py tests/e2e/test_probe.py
+E2E_TESTS := tests/e2e/test_versions.py tests/e2e/test_listening.py tests/e2e/test_traces.py \
+	tests/e2e/test_metrics.py tests/e2e/test_tail_sampling.py tests/e2e/test_storage.py \
+	tests/e2e/test_faults.py tests/e2e/test_probe.py
 
 e2e: $(VENV)/.test-installed
 	deploy/build/build-bundle $(BUNDLE_BUILDS)

@@ -50,6 +50,7 @@ from tests.deploy_workload import (
     tool,
 )
 
+JAEGER_MEMORY_CONFIG = JAEGER_CONFIG.with_name("config-memory.yaml")
 REFERENCE = ROOT / "tests" / "data"  # upstream files, copied (tests/data/README.md)
 MANIFEST = REFERENCE / "otelcol-contrib-0.159.0.manifest.yaml"
 COLLECTOR_CHART_SCHEMA = REFERENCE / "opentelemetry-collector-chart-0.170.0.values.schema.json"
@@ -135,6 +136,125 @@ def test_compose_publishes_the_documented_ports_on_loopback_only() -> None:
     for service in services.values():
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), port
+
+
+#: How the compose configurations name the address they listen on: every address in the
+#: compose network unless the environment names one (make e2e gives each service its own).
+LISTEN_HOSTS = {
+    "collector": "${env:OTELCOL_LISTEN_HOST:-0.0.0.0}",
+    "jaeger": "${env:JAEGER_LISTEN_HOST:-0.0.0.0}",
+}
+
+
+def listening_endpoints(config: dict[str, Any]) -> dict[str, str]:
+    """Where a collector or Jaeger configuration listens, by component path: every endpoint of
+    its receivers and extensions (Jaeger's storage extension only connects out), its prometheus
+    exporter's, and the host of its own metrics' reader."""
+    found: dict[str, str] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("endpoint", "host") and isinstance(value, str):
+                    found[f"{path}.{key}"] = value
+                else:
+                    walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{path}[{index}]")
+
+    for kind in ("receivers", "extensions"):
+        for name, settings in (config.get(kind) or {}).items():
+            if name != "jaeger_storage":
+                walk(settings, f"{kind}.{name}")
+    for name, settings in (config.get("exporters") or {}).items():
+        if name.split("/")[0] == "prometheus":
+            walk(settings, f"exporters.{name}")
+    walk(config["service"]["telemetry"], "service.telemetry")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ("collector", COLLECTOR_CONFIG),
+        ("jaeger", JAEGER_CONFIG),
+        ("jaeger", JAEGER_MEMORY_CONFIG),
+    ],
+    ids=["collector", "jaeger", "jaeger memory"],
+)
+def test_compose_configs_listen_on_the_address_the_environment_names(
+    where: str, path: Path
+) -> None:
+    """make e2e gives each service a loopback address of its own through the environment, and
+    tests/e2e/test_listening.py checks the sockets: each endpoint must read it."""
+    endpoints = listening_endpoints(load_yaml(path))
+    assert len(endpoints) >= 5, endpoints  # OTLP gRPC and HTTP, health, metrics, ...
+    host = LISTEN_HOSTS[where]
+    wrong = {
+        component: value
+        for component, value in endpoints.items()
+        if value != host and not re.fullmatch(re.escape(host) + r":\d+", value)
+    }
+    assert not wrong, wrong
+
+
+def test_compose_alertmanager_opens_no_cluster_port() -> None:
+    """One Alertmanager needs no gossip: without --cluster.listen-address= it would listen on
+    every address, port 9094 (TCP and UDP)."""
+    command = load_yaml(COMPOSE_FILE)["services"]["alertmanager"]["command"]
+    assert "--cluster.listen-address=" in command, command
+
+
+# -- Jaeger's storage ------------------------------------------------------------------------
+
+
+def jaeger_backends(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of the backend a Jaeger configuration stores the traces in, by kind."""
+    store = config["exporters"]["jaeger_storage_exporter"]["trace_storage"]
+    assert config["extensions"]["jaeger_query"]["storage"]["traces"] == store
+    backend: dict[str, Any] = config["extensions"]["jaeger_storage"]["backends"][store]
+    return backend
+
+
+def test_compose_jaeger_stores_traces_in_badger_in_a_volume_for_7_days() -> None:
+    """Traces outlive a restart of Jaeger (tests/e2e/test_faults.py restarts it) and are
+    deleted after ttl.spans (tests/e2e/test_storage.py shows the expiry)."""
+    (badger,) = jaeger_backends(load_yaml(JAEGER_CONFIG)).values()
+    assert badger["ephemeral"] is False
+    assert badger["consistency"] is True  # each write synced
+    assert badger["ttl"]["spans"] == "168h"
+    folder = r"\$\{env:JAEGER_BADGER_DIR:-(/[\w/]+)\}"
+    defaults = set()
+    for kind in ("keys", "values"):
+        match = re.fullmatch(folder + "/" + kind, badger["directories"][kind])
+        assert match, badger["directories"]
+        defaults.add(match.group(1))
+    (default,) = defaults
+    compose = load_yaml(COMPOSE_FILE)
+    jaeger = compose["services"]["jaeger"]
+    mounts = dict(volume.split(":")[:2] for volume in jaeger["volumes"])
+    assert mounts["jaeger-data"] == "/tmp" and default.startswith("/tmp/")  # in the volume
+    assert "jaeger-data" in compose["volumes"]
+    # the new process opens the database once the old one has exited: a stop, not a kill
+    assert jaeger["stop_grace_period"] == "30s" and jaeger["restart"] == "unless-stopped"
+
+
+def test_compose_jaeger_config_is_chosen_by_jaeger_config_and_defaults_to_badger() -> None:
+    jaeger = load_yaml(COMPOSE_FILE)["services"]["jaeger"]
+    assert jaeger["command"] == ["--config=/etc/jaeger/${JAEGER_CONFIG:-config.yaml}"]
+    assert "./jaeger:/etc/jaeger:ro" in jaeger["volumes"]
+    assert JAEGER_CONFIG.name == "config.yaml"
+    (kind,) = jaeger_backends(load_yaml(JAEGER_CONFIG))
+    assert kind == "badger"
+
+
+def test_jaeger_memory_config_is_the_badger_one_with_memory_storage() -> None:
+    badger, memory = load_yaml(JAEGER_CONFIG), load_yaml(JAEGER_MEMORY_CONFIG)
+    assert jaeger_backends(memory) == {"memory": {"max_traces": 100000}}
+    store = memory["exporters"]["jaeger_storage_exporter"]["trace_storage"]
+    badger["extensions"]["jaeger_storage"]["backends"][store] = jaeger_backends(memory)
+    assert badger == memory
 
 
 # -- Prometheus and Alertmanager ------------------------------------------------------------
@@ -764,6 +884,7 @@ def test_collector_components_are_defined_used_and_in_the_distribution(where: st
 def test_jaeger_configs_define_what_they_use() -> None:
     for where, config in (
         ("compose", load_yaml(JAEGER_CONFIG)),
+        ("compose memory", load_yaml(JAEGER_MEMORY_CONFIG)),
         ("helm", load_yaml(HELM_JAEGER)["userconfig"]),
     ):
         check_components(config, f"jaeger {where}")

@@ -4,17 +4,20 @@
 their Go modules at the versions of the image tags in ``deploy/compose/docker-compose.yaml``;
 this module runs each of them as compose would, without a container engine:
 
-- the command line is the service's ``command`` in docker-compose.yaml, with the paths its
-  ``volumes`` mount inside the container replaced by the files in the repository (named
-  volumes and the image's own data folders by temporary folders): the configuration files run
-  unmodified;
+- the command line is the service's ``command`` in docker-compose.yaml, with its variables
+  (``${JAEGER_CONFIG:-config.yaml}``) taken from the environment as compose takes them, and the
+  paths its ``volumes`` mount inside the container replaced by the files in the repository
+  (named volumes and the image's own data folders by temporary folders): the configuration
+  files run unmodified;
 - each service has a loopback address of its own (``127.0.10.x``, or ``$LLM_LATENCY_E2E_NET.x``), and runs in a private mount
   namespace whose ``/etc/hosts`` maps the compose service names (and the Helm tiers' cluster
   names) to those addresses, and ``localhost`` to its own: what compose's network gives each
   container;
 - the compose files listen on ``0.0.0.0``: the collector's and Jaeger's configurations read
   their listening address from ``OTELCOL_LISTEN_HOST`` / ``JAEGER_LISTEN_HOST`` (default
-  ``0.0.0.0``), Prometheus and Alertmanager get ``--web.listen-address``.
+  ``0.0.0.0``), Prometheus and Alertmanager get ``--web.listen-address``;
+- Jaeger's Badger storage reads its folder from ``JAEGER_BADGER_DIR``, whose default (a path in
+  the jaeger-data volume) is mapped to the volume's temporary folder like a command-line path.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,7 @@ ADDRESSES = {
     "alertmanager": f"{NET}.4",
     "agent": f"{NET}.5",
     "gateway": f"{NET}.6",
+    "jaeger-ttl": f"{NET}.7",  # a second Jaeger, with a short retention (tests/e2e/test_storage.py)
 }
 HOST_NAMES = {
     "otel-collector": ["otel-collector"],
@@ -65,6 +69,7 @@ HOST_NAMES = {
     # deploy/helm/otel-collector-agent.values.yaml: the load_balancing exporter's resolver
     "gateway": ["llm-latency-gateway.observability.svc.cluster.local"],
     "agent": [],
+    "jaeger-ttl": [],
 }
 
 #: The binary that runs each compose image.
@@ -128,6 +133,26 @@ def _namespace_prefix(binds: Sequence[tuple[Path, Path]]) -> list[str]:
     ]
 
 
+#: A compose variable in a command: ``${NAME}`` or ``${NAME:-default}``.
+COMPOSE_VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+#: The default of the folder Jaeger's Badger storage reads from ``JAEGER_BADGER_DIR``.
+BADGER_DIR = re.compile(r"\$\{env:JAEGER_BADGER_DIR:-([^}]+)\}")
+
+
+def interpolate(argument: str) -> str:
+    """A compose command's argument with its variables replaced, as ``docker compose`` does from
+    the environment it runs in."""
+    return COMPOSE_VARIABLE.sub(
+        lambda match: os.environ.get(match.group(1)) or match.group(2) or "", argument
+    )
+
+
+def _config_file(arguments: Sequence[str]) -> Path:
+    (path,) = [a.removeprefix("--config=") for a in arguments if a.startswith("--config=")]
+    return Path(path)
+
+
 def get_json(url: str, params: Mapping[str, Any] | None = None, timeout: float = 10) -> Any:
     if params:
         url += "?" + urllib.parse.urlencode(params, doseq=True)
@@ -148,6 +173,10 @@ class Service:
     starts: int = 0
 
     def start(self, timeout: float = 60) -> None:
+        # A second process on the same data would fail on it (Badger: "Cannot acquire directory
+        # lock"): the previous one must be gone, as stop() waits for.
+        if self.process is not None and self.process.poll() is None:
+            pytest.fail(f"{self.name} started again while its process {self.process.pid} runs")
         with contextlib.suppress(OSError, urllib.error.URLError):
             urllib.request.urlopen(self.ready_url, timeout=2).close()
             pytest.fail(
@@ -176,6 +205,7 @@ class Service:
         pytest.fail(f"{self.name} not ready at {self.ready_url} in {timeout} s:\n{self.tail()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        """Stops the service and waits for its process to exit (killed after ``timeout``)."""
         if self.process is None or self.process.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -202,17 +232,55 @@ class Bundle:
 
     # -- the compose services ------------------------------------------------------------------
 
-    def compose_service(self, name: str, extra_binds: Sequence[tuple[Path, Path]] = ()) -> Service:
-        """A compose service as its docker-compose.yaml entry runs it."""
-        spec = compose_services()[name]
-        repository, _ = image_tag(name)
+    def compose_service(
+        self,
+        name: str,
+        extra_binds: Sequence[tuple[Path, Path]] = (),
+        *,
+        like: str | None = None,
+        overrides: Sequence[str] = (),
+    ) -> Service:
+        """A compose service as its docker-compose.yaml entry runs it; with ``like``, that
+        service's entry run as ``name`` (its own address and folders), with ``overrides`` as
+        ``--set`` options (Jaeger and the collector)."""
+        spec = compose_services()[like or name]
+        repository, _ = image_tag(like or name)
+        host_path = self._host_paths(name, spec, repository)
+        address = ADDRESSES[name]
+        arguments = [host_path(interpolate(argument)) for argument in spec.get("command", [])]
+        arguments += [f"--set={override}" for override in overrides]
+        env: dict[str, str] = {}
+        if repository == "otel/opentelemetry-collector-contrib":
+            env["OTELCOL_LISTEN_HOST"] = address
+            ready = self.url(name, 13133)
+        elif repository == "jaegertracing/jaeger":
+            env["JAEGER_LISTEN_HOST"] = address
+            badger = BADGER_DIR.search(_config_file(arguments).read_text())
+            if badger:  # not in config-memory.yaml
+                env["JAEGER_BADGER_DIR"] = host_path(badger.group(1))
+            ready = self.url(name, 13133, "/status")
+        elif repository == "prom/prometheus":
+            arguments.append(f"--web.listen-address={address}:9090")
+            ready = self.url(name, 9090, "/-/ready")
+        else:
+            arguments.append(f"--web.listen-address={address}:9093")
+            ready = self.url(name, 9093, "/-/ready")
+        binds = [(hosts_file(self.directory, name), Path("/etc/hosts")), *extra_binds]
+        command = [*_namespace_prefix(binds), str(binary(BINARIES[repository])), *arguments]
+        return self._add(Service(name, command, env, self.directory / f"{name}.log", ready))
+
+    def _host_paths(
+        self, name: str, spec: Mapping[str, Any], repository: str
+    ) -> Callable[[str], str]:
+        """A function that replaces, in a path of the container, what ``spec``'s volumes mount
+        by the repository's files and the folders of ``name``'s volumes."""
         paths: dict[str, str] = {}
         for volume in spec.get("volumes", []):
             source, target = volume.split(":")[:2]
             if source.startswith("."):
                 paths[target] = str((COMPOSE / source).resolve())
             else:  # a named volume
-                paths[target] = str(self._folder(f"{name}-{source}"))
+                paths[target] = str(self.volume(name, source))
         for folder in IMAGE_DATA.get(repository, []):
             paths[folder] = str(self._folder(f"{name}{folder.replace('/', '-')}"))
 
@@ -221,24 +289,11 @@ class Bundle:
                 argument = re.sub(rf"(?<![\w/]){re.escape(target)}(?=/|$)", paths[target], argument)
             return argument
 
-        address = ADDRESSES[name]
-        arguments = [host_path(argument) for argument in spec.get("command", [])]
-        env: dict[str, str] = {}
-        if repository == "otel/opentelemetry-collector-contrib":
-            env["OTELCOL_LISTEN_HOST"] = address
-            ready = self.url(name, 13133)
-        elif repository == "jaegertracing/jaeger":
-            env["JAEGER_LISTEN_HOST"] = address
-            ready = self.url(name, 13133, "/status")
-        elif repository == "prom/prometheus":
-            arguments.append(f"--web.listen-address={address}:9090")
-            ready = self.url(name, 9090, "/-/ready")
-        else:
-            arguments += [f"--web.listen-address={address}:9093", "--cluster.listen-address="]
-            ready = self.url(name, 9093, "/-/ready")
-        binds = [(hosts_file(self.directory, name), Path("/etc/hosts")), *extra_binds]
-        command = [*_namespace_prefix(binds), str(binary(BINARIES[repository])), *arguments]
-        return self._add(Service(name, command, env, self.directory / f"{name}.log", ready))
+        return host_path
+
+    def volume(self, service: str, volume: str) -> Path:
+        """The folder that stands for the named volume ``volume`` of ``service``."""
+        return self._folder(f"{service}-{volume}")
 
     # -- the Helm collector tiers --------------------------------------------------------------
 

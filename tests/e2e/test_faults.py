@@ -1,4 +1,5 @@
-"""Faults in the bundle under traffic: Jaeger stopped for 20 s, the Collector killed.
+"""Faults in the bundle under traffic: Jaeger stopped for 20 s, the Collector killed; and
+Jaeger's retention.
 
 Run last: they stop and restart the services the other checks read.
 """
@@ -33,11 +34,35 @@ def _samples(run: Run, selector: str, start: float, end: float) -> list[tuple[fl
     return [(float(t), float(v)) for t, v in series["values"]]
 
 
-def test_jaeger_down_for_20_s_loses_no_metric_and_no_trace_of_the_outage(run: Run) -> None:
+#: The services whose traces the Jaeger restart must keep: the session's first calls, over
+#: both protocols, and the outage's workload.
+KEPT_SERVICES = ("e2e-http", "e2e-grpc", "e2e-outage")
+
+
+def _stored_spans(run: Run) -> dict[str, set[tuple[str, str]]]:
+    """The (trace id, span id) of every span Jaeger shows for each of KEPT_SERVICES."""
+    stored: dict[str, set[tuple[str, str]]] = {}
+    for service in KEPT_SERVICES:
+        traces = jaeger_traces(run, service)
+        stored[service] = {(trace, span["spanID"]) for trace in traces for span in traces[trace]}
+    return stored
+
+
+def _badger_files(run: Run) -> list[str]:
+    """The files of Jaeger's Badger database, in the run's folder for the jaeger-data volume."""
+    folder = run.bundle.volume("jaeger", "jaeger-data")
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+
+
+def test_jaeger_restarted_after_20_s_down_keeps_its_traces_and_loses_none_of_the_outage(
+    run: Run,
+) -> None:
     workload = start_workload(
         run.directory, "steady", "e2e-outage", "--seconds", "60", "--pause", "0.2"
     )
-    time.sleep(15)
+    wait_for(lambda: jaeger_traces(run, "e2e-outage"), timeout=60, what="the first traces")
+    time.sleep(10)
+    stored = _stored_spans(run)
     run.jaeger.stop()
     down = time.time()
     time.sleep(OUTAGE_S)
@@ -53,8 +78,13 @@ def test_jaeger_down_for_20_s_loses_no_metric_and_no_trace_of_the_outage(run: Ru
     assert max(b - a for a, b in itertools.pairwise(times)) < 1.5 * SCRAPE_S, samples
     values = [v for _, v in samples]
     assert values == sorted(values) and values[-1] > values[0], samples
-    # Jaeger's memory storage starts empty, so the traces from before the stop are gone with it;
-    # every trace from the outage was held in the Collector's queue and arrives after it.
+    # Badger, in the jaeger-data volume, keeps every span Jaeger showed before the stop (memory
+    # storage starts empty); the ones queued in the Collector during the outage arrive too.
+    assert all(stored.values()), {service: len(spans) for service, spans in stored.items()}
+    after = _stored_spans(run)
+    missing = {service: len(spans - after[service]) for service, spans in stored.items()}
+    assert not any(missing.values()), f"spans stored before the stop, gone after it: {missing}"
+    assert "jaeger/keys/MANIFEST" in _badger_files(run)
     recorded: dict[str, int] = {}
     for span in workload.spans():
         if span["parent_id"] is None and down < span["start"] / 1e9 and span["end"] / 1e9 < up:
@@ -68,8 +98,10 @@ def test_jaeger_down_for_20_s_loses_no_metric_and_no_trace_of_the_outage(run: Ru
     )
     assert set(recorded) <= set(shown)
     gap = max(b - a for a, b in itertools.pairwise(times))
+    before = sum(len({trace for trace, _ in spans}) for spans in stored.values())
     report(
-        f"Jaeger down {OUTAGE_S:.0f} s: {len(recorded)} traces of the outage arrived after it;"
+        f"Jaeger down {OUTAGE_S:.0f} s: the {before} traces stored before still shown after,"
+        f" {len(recorded)} traces of the outage arrived after it;"
         f" metrics: {len(samples)} samples, longest gap {gap:.0f} s"
     )
 

@@ -1,0 +1,125 @@
+"""Jaeger's storage as the compose configuration sets it: Badger, in the jaeger-data volume,
+with a retention of 7 days that Jaeger loads and honours.
+
+A trace outliving a restart of Jaeger is checked under traffic in tests/e2e/test_faults.py.
+Seven days cannot be waited for: a second Jaeger runs the same configuration with the retention
+shortened by Jaeger's own ``--set``, and forgets a trace when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.bundle import Service, binary, wait_for
+from tests.e2e.conftest import Run, report
+
+#: The short retention of the second Jaeger: long enough to see the trace on a loaded machine.
+SHORT_TTL_S = 30
+TTL_SETTING = "extensions::jaeger_storage::backends::traces_store::badger::ttl::spans"
+
+
+def loaded_config(service: Service) -> dict[str, Any]:
+    """The configuration Jaeger loads from ``service``'s command line and environment, with its
+    variables and defaults resolved, as Jaeger's ``print-config`` shows it."""
+    jaeger = str(binary("jaeger"))
+    arguments = service.command[service.command.index(jaeger) + 1 :]
+    printed = subprocess.run(
+        [jaeger, "print-config", *arguments],
+        env={**os.environ, **service.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    config: dict[str, Any] = yaml.safe_load(printed.stdout)
+    return config
+
+
+def traces_store(config: dict[str, Any]) -> dict[str, Any]:
+    """The Badger settings of the backend Jaeger writes the traces to."""
+    name = config["exporters"]["jaeger_storage_exporter"]["trace_storage"]
+    backend = config["extensions"]["jaeger_storage"]["backends"][name]
+    badger: dict[str, Any] | None = backend["badger"]
+    assert badger is not None, backend
+    return badger
+
+
+def test_jaeger_runs_badger_in_the_volume_with_7_days_of_retention_and_synced_writes(
+    run: Run,
+) -> None:
+    badger = traces_store(loaded_config(run.jaeger))
+    assert badger["ephemeral"] is False
+    assert badger["consistency"] is True
+    assert badger["ttl"]["spans"] == "168h0m0s"
+    volume = run.bundle.volume("jaeger", "jaeger-data")
+    for kind in ("keys", "values"):
+        folder = Path(badger["directories"][kind])
+        assert folder.is_relative_to(volume), (folder, volume)
+        assert any(folder.iterdir()), f"Badger wrote nothing in {folder}"
+
+
+def otlp_trace(service: str) -> tuple[str, bytes]:
+    """A new trace of one span from ``service``: its id, and the OTLP/HTTP JSON request body."""
+    trace_id, now = secrets.token_hex(16), time.time_ns()
+    span = {
+        "traceId": trace_id,
+        "spanId": secrets.token_hex(8),
+        "name": "retention",
+        "kind": 1,
+        "startTimeUnixNano": str(now),
+        "endTimeUnixNano": str(now + 1_000_000),
+    }
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]}
+    body = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": [span]}]}]}
+    return trace_id, json.dumps(body).encode()
+
+
+def trace_found(url: str) -> bool:
+    """Whether Jaeger's query API has the trace at ``url`` (it answers 404 for one it has not)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return bool(json.loads(response.read())["data"])
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return False
+        raise
+
+
+def test_jaeger_forgets_a_trace_when_its_retention_ends(run: Run) -> None:
+    jaeger = run.bundle.compose_service(
+        "jaeger-ttl", like="jaeger", overrides=[f"{TTL_SETTING}={SHORT_TTL_S}s"]
+    )
+    jaeger.start()
+    try:
+        assert traces_store(loaded_config(jaeger))["ttl"]["spans"] == f"{SHORT_TTL_S}s"
+        trace_id, body = otlp_trace("e2e-retention")
+        request = urllib.request.Request(
+            run.bundle.url("jaeger-ttl", 4318, "/v1/traces"),
+            body,
+            {"Content-Type": "application/json"},
+        )
+        sent = time.monotonic()
+        urllib.request.urlopen(request, timeout=10).close()
+        url = run.bundle.url("jaeger-ttl", 16686, f"/api/traces/{trace_id}")
+        wait_for(lambda: trace_found(url), timeout=SHORT_TTL_S / 2, interval=0.5, what="the trace")
+        shown = time.monotonic() - sent
+        wait_for(lambda: not trace_found(url), timeout=3 * SHORT_TTL_S, what="the trace to expire")
+        gone = time.monotonic() - sent
+    finally:
+        jaeger.stop()
+    # Badger's expiry is in whole seconds from the write, which follows the request.
+    assert gone > SHORT_TTL_S - 1, gone
+    report(
+        f"Jaeger retention {SHORT_TTL_S} s: a trace shown {shown:.1f} s after it was sent,"
+        f" gone {gone:.0f} s after; the compose configuration loads 168h"
+    )
