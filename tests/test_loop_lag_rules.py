@@ -28,7 +28,7 @@ def monitor() -> Iterator[LoopLagMonitor]:
 
 
 def charged(monitor: LoopLagMonitor, arrivals: list[tuple[int, int]]) -> tuple[int, list[int]]:
-    delays = monitor.phase_delays(PHASES.get, len(PHASE_NAMES), arrivals)
+    delays = monitor.phase_delays(PHASES.get, len(PHASE_NAMES), lambda: arrivals)
     assert delays is not None
     assert delays.descheduled == 0  # every stretch here is the program's
     return delays.phases[RECEIVE], delays.arrivals
@@ -69,7 +69,7 @@ def test_the_share_of_a_stretch_without_a_cpu_is_the_machines(monitor: LoopLagMo
     """The loop ran late 310-600 ms, its thread waiting for a CPU 90 % of that time (another
     process had the core): the gap's delay is the machine's but for a tenth of it."""
     monitor.busy.append((310 * MS, 600 * MS, 0.9))
-    delays = monitor.phase_delays(PHASES.get, len(PHASE_NAMES), [(300 * MS, 600 * MS)])
+    delays = monitor.phase_delays(PHASES.get, len(PHASE_NAMES), lambda: [(300 * MS, 600 * MS)])
     assert delays is not None
     assert delays.arrivals == [29 * MS]
     assert delays.phases[RECEIVE] == 29 * MS

@@ -42,7 +42,7 @@ from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
-from llm_latency.timeline import PHASE_NAMES, RECEIVE, Timeline
+from llm_latency.timeline import PHASE_NAMES, Timeline
 from llm_latency.tracer_handle import TracerHandle
 from llm_latency.urls import proxy_origin, redact, route, scrub_userinfo
 
@@ -217,11 +217,7 @@ class Emitter:
             return None
         record.loop_monitor = None
         timeline = record.timeline
-        arrivals = list(timeline.long_gaps)
-        receive = timeline.bounds_of(RECEIVE)
-        if receive is not None and timeline.first_chunk_ns > receive[0]:
-            arrivals.append((receive[0], timeline.first_chunk_ns))  # the wait for the first
-        delays = monitor.phase_delays(timeline.bounds_of, len(PHASE_NAMES), arrivals)
+        delays = monitor.phase_delays(timeline.bounds_of, len(PHASE_NAMES), timeline.arrivals)
         if delays is None:
             return _NO_LAG
         gaps = delays.arrivals[: len(timeline.long_gaps)]

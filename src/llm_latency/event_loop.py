@@ -151,7 +151,7 @@ class LoopLagMonitor:
         self,
         bounds_of: Callable[[int], tuple[int, int] | None],
         phases: int,
-        arrivals: Sequence[tuple[int, int]] = (),
+        arrivals_of: Callable[[], Sequence[tuple[int, int]]] = tuple,
     ) -> Delays | None:
         """An attempt ends: for each of its ``phases`` (``bounds_of(phase)`` gives its window,
         as ``Timeline.bounds_of`` does), how long (ns) the busy loop delayed the phase's end.
@@ -160,10 +160,10 @@ class LoopLagMonitor:
         polled its sockets, so what the phase waited for had not arrived. A queue phase may be
         charged more: the lag of the attempt whose end gave it its turn.
 
-        ``arrivals``: windows inside the receive phase that end at a body chunk's arrival (a
-        stream's longest gaps, the wait for its first chunk): each is charged the same way, as
-        a phase of its own, and the receive phase is charged the union of its own charge and
-        theirs.
+        ``arrivals_of()``: windows inside the receive phase that end at a body chunk's arrival
+        (a stream's longest gaps, the wait for its first chunk; asked for only when the loop
+        was late): each is charged the same way, as a phase of its own, and the receive phase
+        is charged the union of its own charge and theirs.
 
         The share of a late stretch that the loop's thread spent waiting for a CPU
         (:mod:`llm_latency.cpu_wait`) is the machine's: it is in no phase's delay, and the
@@ -177,6 +177,7 @@ class LoopLagMonitor:
         if pending is None and not self.busy:
             return None
         windows = [bounds_of(phase) for phase in range(phases)]
+        arrivals = arrivals_of()
         delays: list[int] = []
         arrived: list[int] = []
         machine = 0

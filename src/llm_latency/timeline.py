@@ -236,6 +236,16 @@ class Timeline:
             if body.watching:
                 body.look(data, now)
 
+    def arrivals(self) -> list[tuple[int, int]]:
+        """The windows that end at a chunk's arrival and that a stall of the program's loop may
+        have delayed: the longest gaps (:attr:`long_gaps`, in their order), then the wait for
+        the first chunk after the headers."""
+        windows = list(self.long_gaps)
+        receive = self.bounds_of(RECEIVE)
+        if receive is not None and self.first_chunk_ns > receive[0]:
+            windows.append((receive[0], self.first_chunk_ns))
+        return windows
+
     def _long_gap(self, start: int, end: int) -> None:
         """Keep the gap ``start``-``end`` among the longest (the shortest kept then goes)."""
         kept = self.long_gaps
