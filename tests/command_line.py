@@ -60,6 +60,14 @@ def _global_state() -> tuple[object, ...]:
     )
 
 
+def as_a_terminals_job() -> None:
+    """``preexec_fn`` of a command a test interrupts with SIGINT: its Ctrl-C is Python's, as
+    for a job a terminal's shell starts. The suite may itself run with SIGINT ignored (started
+    in the background of a non-interactive shell), which a child inherits, and a program that
+    finds SIGINT ignored keeps it so (Python, and llm-latency's probe, do)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(
     *args: str, env: Mapping[str, str | None] | None = None, stdin: str | None = None
 ) -> Result:

@@ -24,7 +24,15 @@ from rich.cells import cell_len
 
 from llm_latency.cli.render import CLOCK_NOTE, findings_lines
 from tests.bad_servers import RawServer, response
-from tests.command_line import CLI, environment, mock_server, one_error_line, probe_json, run_cli
+from tests.command_line import (
+    CLI,
+    as_a_terminals_job,
+    environment,
+    mock_server,
+    one_error_line,
+    probe_json,
+    run_cli,
+)
 from tests.servers import unused_port
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -79,7 +87,7 @@ def test_each_request_is_printed_as_it_finishes_and_ctrl_c_reports_what_finished
         process = subprocess.Popen(
             [*CLI, "probe", mock.url, "-n", "30", "--client", client],
             stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, text=True,
-            env=environment(COLUMNS="100"),
+            env=environment(COLUMNS="100"), preexec_fn=as_a_terminals_job,
         )  # fmt: skip
         os.close(slave)
         try:
@@ -141,6 +149,7 @@ def test_jsonl_on_sigint_ends_with_the_summary_of_what_finished() -> None:
         process = subprocess.Popen(
             [*CLI, "probe", mock.url, "-n", "40", "--jsonl"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
+            preexec_fn=as_a_terminals_job,
         )  # fmt: skip
         assert process.stdout is not None
         first = [json.loads(process.stdout.readline()) for _ in range(2)]
