@@ -284,10 +284,15 @@ class Bundle:
         for folder in IMAGE_DATA.get(repository, []):
             paths[folder] = str(self._folder(f"{name}{folder.replace('/', '-')}"))
 
+        # One pass, longest target first: a replacement is never read again (the repository
+        # may itself be under a mounted path, /tmp for one).
+        targets = "|".join(re.escape(t) for t in sorted(paths, key=len, reverse=True))
+        mounted = re.compile(rf"(?<![\w/])(?:{targets})(?=/|$)")
+
         def host_path(argument: str) -> str:
-            for target in sorted(paths, key=len, reverse=True):
-                argument = re.sub(rf"(?<![\w/]){re.escape(target)}(?=/|$)", paths[target], argument)
-            return argument
+            if not paths:
+                return argument
+            return mounted.sub(lambda match: paths[match.group(0)], argument)
 
         return host_path
 
