@@ -243,20 +243,28 @@ def _lag_by_phase(attempts: Sequence[Attempt]) -> str:
     return text + ")"
 
 
+def _held_back(what: str, attempts: Sequence[Attempt], delays: Sequence[float]) -> Evidence | None:
+    """The evidence that a late event loop held ``attempts`` back by ``delays`` (s each), or
+    None below the bounds the loop's rules share."""
+    # Only delays of LAG_MIN or more count: a busy machine deschedules the whole process for a
+    # few ms now and then, which is no stall of the program's own.
+    if sum(1 for delay in delays if delay >= LAG_MIN) < MIN_REQUESTS:
+        return None
+    share = sum(delays) / _total(attempts)
+    # Both: a stall holds most requests back, and for a share of their time; a loaded
+    # machine's scattered descheduling rarely does both.
+    if percentile(delays, 50) < LAG_MIN or share < LAG_MIN_SHARE:
+        return None
+    return _evidence(what, delays, share, len(attempts))
+
+
 def event_loop_lag(calls: Sequence[Call]) -> Finding | None:
     """The program's event loop was too busy to run the requests' steps on time."""
     attempts = [a for a in _attempts(calls) if a.event_loop_lag is not None]
     lags = [a.event_loop_lag or 0.0 for a in attempts]
-    # Only lags of LAG_MIN or more count: a busy machine deschedules the whole process for a
-    # few ms now and then, which is no stall of the program's own.
-    if sum(1 for lag in lags if lag >= LAG_MIN) < MIN_REQUESTS:
+    evidence = _held_back("event loop lag", attempts, lags)
+    if evidence is None:
         return None
-    share = sum(lags) / _total(attempts)
-    # Both: a stall of the program's own holds most requests back, and for a share of their
-    # time; a loaded machine's scattered descheduling rarely does both.
-    if percentile(lags, 50) < LAG_MIN or share < LAG_MIN_SHARE:
-        return None
-    evidence = _evidence("event loop lag", lags, share, len(attempts))
     servers = [a.server_processing for a in attempts if a.server_processing is not None]
     if servers:
         provider = f"the provider answered in {duration(percentile(servers, 50))} at p50"
@@ -283,12 +291,9 @@ def short_of_cpu(calls: Sequence[Call]) -> Finding | None:
     :func:`event_loop_lag`."""
     attempts = [a for a in _attempts(calls) if a.event_loop_lag is not None]
     waits = [a.descheduled or 0.0 for a in attempts]
-    if sum(1 for wait in waits if wait >= LAG_MIN) < MIN_REQUESTS:
+    evidence = _held_back("waiting for a CPU", attempts, waits)
+    if evidence is None:
         return None
-    share = sum(waits) / _total(attempts)
-    if percentile(waits, 50) < LAG_MIN or share < LAG_MIN_SHARE:
-        return None
-    evidence = _evidence("waiting for a CPU", waits, share, len(attempts))
     return Finding(
         rule="short-of-cpu",
         cause=f"the machine had no CPU for this program's event loop for {duration(evidence.p50)} "
