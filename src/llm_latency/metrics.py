@@ -24,6 +24,7 @@ from llm_latency import headers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.event_loop import LATE_NS
 from llm_latency.facts import AttemptFacts
+from llm_latency.histograms import HistogramRecorder
 from llm_latency.timeline import CONNECT, DNS, PHASE_NAMES, PROXY, QUEUE, TLS
 
 Attributes = tuple[tuple[str, Any], ...]
@@ -123,65 +124,83 @@ class AttemptMetrics:
             )
         #: The phases (``timeline`` indexes) whose durations are recorded.
         self.phases_recorded = PHASE_METRICS[phase_metrics]
-        self.request_duration = meter.create_histogram(
-            semconv.HTTP_CLIENT_REQUEST_DURATION,
-            unit="s",
-            description="Duration of HTTP client requests, to the end of the body or stream.",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        self.request_duration = HistogramRecorder(
+            meter.create_histogram(
+                semconv.HTTP_CLIENT_REQUEST_DURATION,
+                unit="s",
+                description="Duration of HTTP client requests, to the end of the body or stream.",
+                explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+            )
         )
-        self.phase_duration = meter.create_histogram(
-            semconv.PHASE_DURATION,
-            unit="s",
-            description="Time an HTTP attempt spent waiting for a connection or setting one up "
-            "(queue, dns, connect, tls), or in any phase with phase_metrics='all'.",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        self.phase_duration = HistogramRecorder(
+            meter.create_histogram(
+                semconv.PHASE_DURATION,
+                unit="s",
+                description="Time an HTTP attempt spent waiting for a connection or setting one up "
+                "(queue, dns, connect, tls), or in any phase with phase_metrics='all'.",
+                explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+            )
         )
-        self.server_processing = meter.create_histogram(
-            semconv.SERVER_PROCESSING_TIME,
-            unit="s",
-            description="Server processing time the provider reported (openai-processing-ms).",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        self.server_processing = HistogramRecorder(
+            meter.create_histogram(
+                semconv.SERVER_PROCESSING_TIME,
+                unit="s",
+                description="Server processing time the provider reported (openai-processing-ms).",
+                explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+            )
         )
-        self.time_to_first_chunk = meter.create_histogram(
-            semconv.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
-            unit="s",
-            description="Time from the start of a streamed request to its first body chunk.",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        self.time_to_first_chunk = HistogramRecorder(
+            meter.create_histogram(
+                semconv.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+                unit="s",
+                description="Time from the start of a streamed request to its first body chunk.",
+                explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+            )
         )
-        self.time_per_output_chunk = meter.create_histogram(
-            semconv.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
-            unit="s",
-            description="Time between two body chunks of a streamed response, after the first "
-            "(opt-in: one record per chunk).",
-            explicit_bucket_boundaries_advisory=semconv.CHUNK_INTERVAL_BUCKETS,
+        self.time_per_output_chunk = HistogramRecorder(
+            meter.create_histogram(
+                semconv.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
+                unit="s",
+                description="Time between two body chunks of a streamed response, after the first "
+                "(opt-in: one record per chunk).",
+                explicit_bucket_boundaries_advisory=semconv.CHUNK_INTERVAL_BUCKETS,
+            )
         )
-        self.event_loop_lag = meter.create_histogram(
-            semconv.EVENT_LOOP_LAG,
-            unit="s",
-            description="Time the program's event loop was busy during an attempt (asyncio "
-            "clients), for the attempts that lagged: the program's share of that time, not the "
-            "provider's.",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        self.event_loop_lag = HistogramRecorder(
+            meter.create_histogram(
+                semconv.EVENT_LOOP_LAG,
+                unit="s",
+                description="Time the program's event loop was busy during an attempt (asyncio "
+                "clients), for the attempts that lagged: the program's share of that time, not the "
+                "provider's.",
+                explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+            )
         )
-        self.token_usage = meter.create_histogram(
-            semconv.GEN_AI_CLIENT_TOKEN_USAGE,
-            unit="{token}",
-            description="Tokens of an LLM call as the server reported them, by type.",
-            explicit_bucket_boundaries_advisory=semconv.TOKEN_USAGE_BUCKETS,
+        self.token_usage = HistogramRecorder(
+            meter.create_histogram(
+                semconv.GEN_AI_CLIENT_TOKEN_USAGE,
+                unit="{token}",
+                description="Tokens of an LLM call as the server reported them, by type.",
+                explicit_bucket_boundaries_advisory=semconv.TOKEN_USAGE_BUCKETS,
+            )
         )
-        self.time_per_output_token = meter.create_histogram(
-            semconv.TIME_PER_OUTPUT_TOKEN,
-            unit="s",
-            description="Time per output token of a streamed LLM call: (stream end - first "
-            "token) / (output tokens - 1).",
-            explicit_bucket_boundaries_advisory=semconv.TOKEN_INTERVAL_BUCKETS,
+        self.time_per_output_token = HistogramRecorder(
+            meter.create_histogram(
+                semconv.TIME_PER_OUTPUT_TOKEN,
+                unit="s",
+                description="Time per output token of a streamed LLM call: (stream end - first "
+                "token) / (output tokens - 1).",
+                explicit_bucket_boundaries_advisory=semconv.TOKEN_INTERVAL_BUCKETS,
+            )
         )
-        self.time_to_first_token = meter.create_histogram(
-            semconv.TIME_TO_FIRST_TOKEN,
-            unit="s",
-            description="Time from the start of a streamed LLM call to its first generated "
-            "content (not a control event or an empty delta).",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        self.time_to_first_token = HistogramRecorder(
+            meter.create_histogram(
+                semconv.TIME_TO_FIRST_TOKEN,
+                unit="s",
+                description="Time from the start of a streamed LLM call to its first generated "
+                "content (not a control event or an empty delta).",
+                explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+            )
         )
         self.retries = _Tallies()
         self.rate_limited = _Tallies()
