@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.call_spans",
         "llm_latency.tracer_handle",
         "llm_latency.metrics",
+        "llm_latency.histograms",
         "llm_latency.pools",
         "llm_latency.phase_spans",
     ),
