@@ -11,13 +11,23 @@ from typing import Any
 
 import pytest
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    AlwaysOnExemplarFilter,
+    ExemplarFilter,
+    MeterProvider,
+    TraceBasedExemplarFilter,
+)
+from opentelemetry.sdk.metrics._internal import (
+    _default_meter_configurator,
+    _disable_meter_configurator,
+)
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import set_span_in_context
 
-from llm_latency.histograms import HistogramRecorder
+from llm_latency.histograms import NO_TRACE, HistogramRecorder
 
 TRACES = TracerProvider().get_tracer("test")
 HOSTS = ("api.openai.com", "api.anthropic.com")
@@ -25,16 +35,16 @@ HOSTS = ("api.openai.com", "api.anthropic.com")
 
 def measurements() -> list[tuple[float, dict[str, Any], Context]]:
     """Values over two hosts, two statuses, a boolean and an integer of the same value (not
-    the same attribute set), some with a sampled span (an exemplar) and some without."""
+    the same attribute set), some with a sampled span (an exemplar) and some without (in
+    llm-latency's NO_TRACE, and in another context with no span)."""
     span = TRACES.start_span("call")
-    with_span = set_span_in_context(span)
-    no_trace = Context({"no": True})
+    contexts = (NO_TRACE, set_span_in_context(span), Context({"no": True}), NO_TRACE)
     found = []
     for i in range(40):
         attributes: dict[str, Any] = {"server.address": HOSTS[i % 2], "status": 200 + i % 3}
         if i % 5 == 0:
             attributes["flag"] = True if i % 10 == 0 else 1
-        found.append((0.01 * (i + 1), attributes, with_span if i % 4 else no_trace))
+        found.append((0.01 * (i + 1), attributes, contexts[i % 4]))
     span.end()
     return found
 
@@ -70,7 +80,7 @@ def exported(reader: InMemoryMetricReader) -> list[tuple[Any, ...]]:
 
 
 def both(
-    views: tuple[View, ...] = (),
+    views: tuple[View, ...] = (), exemplar_filter: ExemplarFilter | None = None
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], HistogramRecorder]:
     """Record :func:`measurements` through a recorder and through the API; the two exports."""
     results = []
@@ -78,7 +88,11 @@ def both(
     recorded = measurements()
     for direct in (True, False):
         reader = InMemoryMetricReader()
-        provider = MeterProvider(metric_readers=[reader], views=list(views))
+        provider = MeterProvider(
+            metric_readers=[reader],
+            views=list(views),
+            exemplar_filter=exemplar_filter or TraceBasedExemplarFilter(),
+        )
         histogram = provider.get_meter("m").create_histogram("h", unit="s")
         record: Callable[[float, dict[str, Any], Context], None]
         if direct:
@@ -99,6 +113,34 @@ def test_the_direct_path_records_what_the_api_does() -> None:
     # Two hosts x three statuses, and the flag's boolean and integer sets apart.
     assert len(api) >= 8
     assert direct == api
+
+
+class LargeValues(TraceBasedExemplarFilter):
+    """A filter of the program's own: a subclass of the SDK's that also samples large values."""
+
+    def should_sample(self, value: float, *args: Any) -> bool:
+        return value > 0.3 or super().should_sample(value, *args)
+
+
+@pytest.mark.parametrize(
+    "exemplar_filter",
+    [AlwaysOnExemplarFilter(), AlwaysOffExemplarFilter(), LargeValues()],
+    ids=type,
+)
+def test_every_exemplar_filter_samples_as_through_the_api(
+    exemplar_filter: ExemplarFilter,
+) -> None:
+    """The filters whose answer for a record with no span is known are not asked for the ones
+    in NO_TRACE; the answer must be theirs (AlwaysOn: an exemplar with no trace), and any other
+    filter is asked."""
+    direct, api, recorder = both(exemplar_filter=exemplar_filter)
+    assert recorder.direct
+    assert direct == api
+    exemplars = [e for point in api for e in point[-1]]
+    if isinstance(exemplar_filter, AlwaysOffExemplarFilter):
+        assert exemplars == []
+    else:
+        assert any(trace_id is None or trace_id == 0 for _, trace_id, _ in exemplars)
 
 
 def test_a_view_that_keeps_some_attributes_and_another_aggregation() -> None:
@@ -147,6 +189,31 @@ def test_values_the_api_refuses_are_refused_alike(caplog: pytest.LogCaptureFixtu
         results.append(repr(exported(reader)))
     assert results[0] == results[1]
     assert "non-negative" in caplog.text
+
+
+def test_a_meter_disabled_and_enabled_again_records_as_through_the_api() -> None:
+    """A meter configurator can switch a meter off and on while the program runs: the records
+    made while it is off are dropped, the ones after it count again."""
+    results = []
+    for direct in (True, False):
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        histogram = provider.get_meter("m").create_histogram("h")
+        recorder = HistogramRecorder(histogram, direct=direct)
+        assert recorder.direct is direct
+        attributes = {"server.address": "a"}
+        for configurator, values in (
+            (None, (1.0, 2.0)),
+            (_disable_meter_configurator, (4.0, 8.0)),
+            (_default_meter_configurator, (16.0,)),
+        ):
+            if configurator is not None:
+                provider._set_meter_configurator(meter_configurator=configurator)
+            for value in values:
+                recorder.record(value, attributes, Context())
+        results.append(exported(reader))
+    assert results[0] == results[1]
+    assert results[0][0][2:4] == (3, 19.0)  # the count and the sum: 1, 2 and 16
 
 
 def test_a_meter_that_is_not_the_sdks_goes_through_the_api() -> None:

@@ -76,3 +76,19 @@ def test_never_raises_and_chunking_does_not_matter(raw: bytes, data: st.DataObje
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=8)))
     chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     assert count(*chunks) == count(raw)
+
+
+_ONE_EVENT = st.sampled_from([b'data: {"k": 1}\n\n', b"data: x\n\n", b": ping\n\n"])
+
+
+@given(st.lists(st.one_of(_ONE_EVENT, st.binary(max_size=12)), max_size=16))
+def test_one_event_chunks_among_others_count_as_byte_by_byte(chunks: list[bytes]) -> None:
+    """Chunks of one one-line event each (the counter's fast path, counted lazily) among any
+    others: after every chunk the count is the one a byte-by-byte feed of the same bytes gives
+    (one-byte chunks never take the fast path)."""
+    counter, reference = SSECounter(), SSECounter()
+    for chunk in chunks:
+        counter.feed(chunk)
+        for byte in chunk:
+            reference.feed(bytes([byte]))
+        assert counter.events == reference.events

@@ -380,6 +380,20 @@ class Emitter:
             _logger.exception("llm-latency: internal error in %s (logged once)", what)
 
 
+#: The span attributes of a :class:`~llm_latency.usage.Usage`, and its fields they show.
+_USAGE_ATTRIBUTES: Final = (
+    (semconv.GEN_AI_RESPONSE_MODEL, "model"),
+    (semconv.GEN_AI_USAGE_INPUT_TOKENS, "input_tokens"),
+    (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, "output_tokens"),
+    (semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "cache_read_tokens"),
+    (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, "reasoning_tokens"),
+    (semconv.SERVER_QUEUE_TIME, "queue_time"),
+    (semconv.SERVER_PREFILL_TIME, "prefill_time"),
+    (semconv.SERVER_DECODE_TIME, "decode_time"),
+    (semconv.SERVER_GATEWAY_OVERHEAD, "gateway_overhead"),
+)
+
+
 def token_attributes(record: AttemptRecord, facts: AttemptFacts) -> dict[str, Any]:
     """The GenAI and token attributes of an attempt that carried an LLM answer: on its request
     span, and on its logical call's span."""
@@ -389,17 +403,9 @@ def token_attributes(record: AttemptRecord, facts: AttemptFacts) -> dict[str, An
     if provider is not None:
         attributes[semconv.GEN_AI_PROVIDER_NAME] = provider
     if usage is not None:
-        for name, value in (
-            (semconv.GEN_AI_RESPONSE_MODEL, usage.model),
-            (semconv.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens),
-            (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens),
-            (semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, usage.cache_read_tokens),
-            (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, usage.reasoning_tokens),
-            (semconv.SERVER_QUEUE_TIME, usage.queue_time),
-            (semconv.SERVER_PREFILL_TIME, usage.prefill_time),
-            (semconv.SERVER_DECODE_TIME, usage.decode_time),
-            (semconv.SERVER_GATEWAY_OVERHEAD, usage.gateway_overhead),
-        ):
+        said = vars(usage)
+        for name, field in _USAGE_ATTRIBUTES:
+            value = said[field]
             if value is not None:
                 attributes[name] = value
     if facts.usage_unknown:

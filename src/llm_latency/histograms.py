@@ -16,10 +16,11 @@ aggregation once made, so the kept ones stay the ones the readers collect; the k
 dropped whenever the readers change (``_reader_storages`` is replaced, never mutated).
 
 The direct path reads the instrument's ``_measurement_consumer`` (its ``_reader_storages`` and
-``_sdk_config.exemplar_filter``), each storage's view matches and their aggregations'
-``_attributes``. It is taken only for an SDK ``Histogram`` of a release in
-:data:`~llm_latency.phase_spans.FAST_PATH_SDK` that has them, and for a value the API would
-take (finite, not negative); anything else, or any surprise, goes through the API, for good.
+``_sdk_config.exemplar_filter``) and ``_meter_config`` (whether its meter is enabled), each
+storage's view matches and their aggregations' ``_attributes``. It is taken only for an SDK
+``Histogram`` of a release in :data:`~llm_latency.phase_spans.FAST_PATH_SDK` that has them,
+and for a value the API would take (finite, not negative); anything else, or any surprise,
+goes through the API, for good.
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ from opentelemetry.metrics import Histogram
 from llm_latency.phase_spans import FAST_PATH_SDK, sdk_release
 
 try:  # the SDK is a dependency, but the meter in use may be another implementation's
+    from opentelemetry.sdk.metrics import (
+        AlwaysOffExemplarFilter,
+        AlwaysOnExemplarFilter,
+        TraceBasedExemplarFilter,
+    )
     from opentelemetry.sdk.metrics import Histogram as SdkHistogram
+    from opentelemetry.sdk.metrics._internal import _MeterConfig
     from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 except ImportError:  # pragma: no cover
     SdkHistogram = None  # type: ignore[assignment,misc]
@@ -43,6 +50,11 @@ except ImportError:  # pragma: no cover
 
 #: Attribute sets whose aggregations are kept at most, per histogram (beyond: the API).
 MAX_KEPT: Final = 512
+
+#: The context of a record that is to carry no trace exemplar: a context with no span. Not an
+#: empty one: the SDK takes an empty (falsy) context for "the current one", whose span is the
+#: program's.
+NO_TRACE: Final = Context({"llm_latency.no_exemplar": True})
 
 _Key = tuple[tuple[str, Any], ...]
 
@@ -74,8 +86,9 @@ def direct_path_supported(instrument: Any, sdk_version: str) -> bool:
         return False
     consumer = getattr(instrument, "_measurement_consumer", None)
     config = getattr(consumer, "_sdk_config", None)
+    meter_config = getattr(instrument, "_meter_config", False)
     return (
-        hasattr(instrument, "_is_enabled")
+        (meter_config is None or isinstance(getattr(meter_config, "_config", None), _MeterConfig))
         and isinstance(getattr(consumer, "_reader_storages", None), Mapping)
         and hasattr(config, "exemplar_filter")
     )
@@ -90,6 +103,20 @@ class HistogramRecorder:
         self._direct = direct and direct_path_supported(instrument, _SDK_VERSION)
         self._kept: dict[_Key, tuple[Any, ...]] = {}
         self._storages: object = None
+        #: What the meter's exemplar filter answers for a record in NO_TRACE, when it is one
+        #: of the SDK's, whose answer depends on the span alone; None: ask it each time.
+        self._untraced_sample: bool | None = None
+        #: The instrument's meter's switch (``_ProxyMeterConfig``), read on every record as the
+        #: instrument's ``_is_enabled`` reads it; None: always on.
+        self._meter_config: Any = None
+        if self._direct:
+            sdk_instrument: Any = instrument
+            self._meter_config = sdk_instrument._meter_config
+            exemplar_filter = type(sdk_instrument._measurement_consumer._sdk_config.exemplar_filter)
+            if exemplar_filter in (TraceBasedExemplarFilter, AlwaysOffExemplarFilter):
+                self._untraced_sample = False
+            elif exemplar_filter is AlwaysOnExemplarFilter:
+                self._untraced_sample = True
 
     @property
     def direct(self) -> bool:
@@ -98,7 +125,7 @@ class HistogramRecorder:
 
     def record(self, value: float, attributes: Mapping[str, Any], context: Context) -> None:
         """Record ``value`` with ``attributes`` (strings, integers, booleans) in ``context``
-        (its span, when sampled, is the exemplar's trace)."""
+        (its span, when sampled, is the exemplar's trace; :data:`NO_TRACE`: no trace)."""
         if not self._direct:
             self.instrument.record(value, attributes, context)
             return
@@ -106,17 +133,22 @@ class HistogramRecorder:
         consumer = instrument._measurement_consumer
         key = tuple(attributes.items())
         aggregations = self._kept.get(key)
+        meter_config = self._meter_config
         if (
             aggregations is None
             or consumer._reader_storages is not self._storages
             or not 0 <= value < math.inf
-            or not instrument._is_enabled()
+            or (meter_config is not None and not meter_config._config.is_enabled)
         ):
             self.instrument.record(value, attributes, context)
             self._keep(key, attributes)
             return
         now = time.time_ns()
-        sample = consumer._sdk_config.exemplar_filter.should_sample(value, now, attributes, context)
+        sample = self._untraced_sample
+        if sample is None or context is not NO_TRACE:
+            sample = consumer._sdk_config.exemplar_filter.should_sample(
+                value, now, attributes, context
+            )
         measurement = _Measurement(value, now, instrument, context, attributes)
         for aggregation in aggregations:
             aggregation.aggregate(measurement, sample)

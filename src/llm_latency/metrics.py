@@ -24,14 +24,12 @@ from llm_latency import headers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.event_loop import LATE_NS
 from llm_latency.facts import AttemptFacts
-from llm_latency.histograms import HistogramRecorder
+from llm_latency.histograms import NO_TRACE, HistogramRecorder
 from llm_latency.timeline import CONNECT, DNS, PHASE_NAMES, PROXY, QUEUE, TLS
 
 Attributes = tuple[tuple[str, Any], ...]
-
-#: A context with no span: records made in it carry no trace exemplar. Not an empty one: the
-#: SDK takes an empty (falsy) context for "the current one", whose span is the program's.
-_NO_TRACE = Context({"llm_latency.no_exemplar": True})
+#: An answer's record attributes: its times', its input tokens', its output tokens'.
+_AnswerAttributes = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
 
 #: The phases ``llm_latency.phase.duration`` records by default (``phase_metrics="setup"``): those
 #: whose presence is itself the news (the attempt waited for a connection, or set one up, a
@@ -45,6 +43,10 @@ PHASE_METRICS: Final = {"setup": SETUP_PHASES, "all": frozenset(range(len(PHASE_
 #: monitor's own threshold, below which a late tick is the loop's ordinary jitter. The count of
 #: the histogram, over the request count, is the share of attempts that lagged.
 LAG_RECORDED_FROM: Final = LATE_NS / 1e9
+
+#: Host, model and provider combinations whose answer attributes are kept (beyond: built per
+#: answer).
+MAX_ANSWER_SETS: Final = 256
 
 #: Seconds a rate-limit remaining value is reported at most after the response that gave it.
 RATELIMIT_MAX_AGE = 300.0
@@ -124,6 +126,7 @@ class AttemptMetrics:
             )
         #: The phases (``timeline`` indexes) whose durations are recorded.
         self.phases_recorded = PHASE_METRICS[phase_metrics]
+        self._answer_sets: dict[tuple[str, Any, Any], _AnswerAttributes] = {}
         self.request_duration = HistogramRecorder(
             meter.create_histogram(
                 semconv.HTTP_CLIENT_REQUEST_DURATION,
@@ -259,7 +262,7 @@ class AttemptMetrics:
             by_host = {semconv.SERVER_ADDRESS: host}
             # No trace context: the request duration's exemplar links the same trace, and the
             # exemplar is about a third of an SDK record.
-            self.server_processing.record(facts.server_processing, by_host, _NO_TRACE)
+            self.server_processing.record(facts.server_processing, by_host, NO_TRACE)
         if facts.time_to_first_chunk is not None:
             by_host = by_host or {semconv.SERVER_ADDRESS: host}
             self.time_to_first_chunk.record(facts.time_to_first_chunk, by_host, context)
@@ -269,7 +272,7 @@ class AttemptMetrics:
                 # itself, and the time to first chunk's already links the attempt's trace.
                 record_gap = self.time_per_output_chunk.record
                 for gap in gaps:
-                    record_gap(gap / 1e9, by_host, _NO_TRACE)
+                    record_gap(gap / 1e9, by_host, NO_TRACE)
         lag = facts.event_loop_lag
         if lag is not None and lag >= LAG_RECORDED_FROM:
             by_host = by_host or {semconv.SERVER_ADDRESS: host}
@@ -298,31 +301,44 @@ class AttemptMetrics:
         """Record what an attempt that carried an LLM answer says of its tokens: its time to
         first token and per output token (streams), and its token counts (at most one record
         per token type); ``answer``: its GenAI attributes."""
-        attributes: dict[str, Any] = {semconv.SERVER_ADDRESS: host}
-        model = answer.get(semconv.GEN_AI_RESPONSE_MODEL)
-        if model is not None:
-            attributes[semconv.GEN_AI_RESPONSE_MODEL] = model
+        times, inputs, outputs = self._answer_attributes(host, answer)
         if facts.time_to_first_token is not None:
-            self.time_to_first_token.record(facts.time_to_first_token, attributes, context)
+            self.time_to_first_token.record(facts.time_to_first_token, times, context)
         usage = facts.usage
         if usage is None:
             return
-        tpot = facts.time_per_output_token
-        if tpot is not None:
-            # No trace context: the time to first token's exemplar links the same trace.
-            self.time_per_output_token.record(tpot, attributes, _NO_TRACE)
+        # No trace context: the time to first token's exemplar, and the request duration's,
+        # link the same trace.
+        if facts.time_per_output_token is not None:
+            self.time_per_output_token.record(facts.time_per_output_token, times, NO_TRACE)
+        if usage.input_tokens is not None:
+            self.token_usage.record(usage.input_tokens, inputs, NO_TRACE)
+        if usage.output_tokens is not None:
+            self.token_usage.record(usage.output_tokens, outputs, NO_TRACE)
+
+    def _answer_attributes(self, host: str, answer: Mapping[str, Any]) -> _AnswerAttributes:
+        """The attributes of an answer's records: the host and model (its times), and those
+        with the provider and the token type (its input and output counts). Built once per
+        host, model and provider (up to :data:`MAX_ANSWER_SETS` of them)."""
+        model = answer.get(semconv.GEN_AI_RESPONSE_MODEL)
         provider = answer.get(semconv.GEN_AI_PROVIDER_NAME)
-        if provider is not None:
-            attributes[semconv.GEN_AI_PROVIDER_NAME] = provider
-        # No trace context: the request duration's exemplar links the same trace.
-        for kind, count in (
-            (semconv.GEN_AI_TOKEN_TYPE_INPUT, usage.input_tokens),
-            (semconv.GEN_AI_TOKEN_TYPE_OUTPUT, usage.output_tokens),
-        ):
-            if count is not None:
-                self.token_usage.record(
-                    count, {**attributes, semconv.GEN_AI_TOKEN_TYPE: kind}, _NO_TRACE
-                )
+        key = (host, model, provider)
+        found = self._answer_sets.get(key)
+        if found is None:
+            times: dict[str, Any] = {semconv.SERVER_ADDRESS: host}
+            if model is not None:
+                times[semconv.GEN_AI_RESPONSE_MODEL] = model
+            tokens = dict(times)
+            if provider is not None:
+                tokens[semconv.GEN_AI_PROVIDER_NAME] = provider
+            found = (
+                times,
+                {**tokens, semconv.GEN_AI_TOKEN_TYPE: semconv.GEN_AI_TOKEN_TYPE_INPUT},
+                {**tokens, semconv.GEN_AI_TOKEN_TYPE: semconv.GEN_AI_TOKEN_TYPE_OUTPUT},
+            )
+            if len(self._answer_sets) < MAX_ANSWER_SETS:
+                self._answer_sets[key] = found
+        return found
 
     def retry(self, host: str, reason: str | None) -> None:
         """One attempt was retried, because of ``reason`` (a status code or an error type)."""

@@ -12,6 +12,7 @@ README's "Providers" table lists the same.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -570,8 +571,14 @@ def provider_name(host: str, route_owner: str | None) -> str | None:
     """``gen_ai.provider.name`` of a request to ``host``: by the provider's own host, else by
     the owner of its route (:data:`ROUTE_OWNERS`); None when neither says (an
     OpenAI-compatible server on a host of its own)."""
+    return _host_provider(host) or route_owner
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_provider(host: str) -> str | None:
+    """The provider whose own host ``host`` is (a walk over every profile's hosts: kept)."""
     host = host.lower()
     for name, genai_name in PROVIDER_HOSTS:
         if host == name or (name.startswith(".") and host.endswith(name)):
             return genai_name
-    return route_owner
+    return None

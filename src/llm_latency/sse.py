@@ -21,12 +21,15 @@ _TERMINATORS: Final = b"\r\n"
 class SSECounter:
     """Incremental, boundary-exact SSE event counter."""
 
-    __slots__ = ("_counted", "_had_content", "_tail")
+    __slots__ = ("_counted", "_fast", "_had_content", "_tail")
 
     def __init__(self) -> None:
         self._counted = 0
         self._tail = b""
         self._had_content = False
+        #: Chunks of the commonest kind (one event of one line) in a row, not yet added to the
+        #: state above: each completes the run carried before it and carries its own "\n\n".
+        self._fast = 0
 
     def feed(self, data: bytes) -> None:
         """Account for the next chunk of the stream."""
@@ -41,12 +44,10 @@ class SSECounter:
             and data[0] > 13
             and 13 not in data
         ):
-            # The run carried before it is complete; its own is carried until content follows.
-            if self._tail and self._had_content and self._tail not in _SINGLE_TERMINATORS:
-                self._counted += 1
-            self._tail = b"\n\n"
-            self._had_content = True
+            self._fast += 1
             return
+        if self._fast:
+            self._settle()
         if not data:
             return
         tail = self._tail
@@ -108,10 +109,23 @@ class SSECounter:
             self._counted += count
         self._had_content = True
 
+    def _settle(self) -> None:
+        """Add the chunks of one event counted in :attr:`_fast` to the carried state."""
+        self._counted += self._fast - 1 + self._carried()
+        self._fast = 0
+        self._tail = b"\n\n"
+        self._had_content = True
+
+    def _carried(self) -> int:
+        """1 if the carried run ends an event (a blank line after content), else 0."""
+        tail = self._tail
+        return 1 if tail and self._had_content and tail not in _SINGLE_TERMINATORS else 0
+
     @property
     def events(self) -> int:
-        """Events completed so far (a trailing blank line counts once the stream has content)."""
-        pending = 1 if self._had_content and self._tail not in _SINGLE_TERMINATORS else 0
-        if not self._tail:
-            pending = 0
-        return self._counted + pending
+        """Events completed so far (a trailing blank line counts once the stream has content).
+        Read without changing the counter: another thread may read it while chunks come."""
+        fast = self._fast
+        if fast:  # each completes the run before it; the last one's "\n\n" ends its own
+            return self._counted + self._carried() + fast
+        return self._counted + self._carried()

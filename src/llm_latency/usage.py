@@ -21,21 +21,31 @@ from llm_latency import headers, providers
 from llm_latency.tokens import BodyWatch, base64_payloads
 
 _NUMBER: Final = rb"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
-# No look-behind for the escaping backslash: it makes the search several times slower (it is
-# tried at every byte); the rare match behind a backslash is dropped after the search.
+# A key stands after "{", "," or white space; a match behind a backslash would be inside a
+# string. The byte before the key is matched, not looked behind at: a look-behind is tried at
+# every byte and makes the search several times slower.
 _FIELD: Final = re.compile(
-    rb'"('
+    rb'[{,\s]"('
     + b"|".join(re.escape(key.encode()) for key in providers.USAGE_FIELDS)
     + rb')"\s*:\s*'
     + _NUMBER
 )
 _MODEL: Final = re.compile(rb'"(?:model|modelVersion)"\s*:\s*"([^"\\]{1,200})"')
-#: The keys usage objects follow, as they stand in JSON text.
-_USAGE_AT: Final = tuple(f'"{key}'.encode() for key in providers.USAGE_AT)
+#: The keys usage objects follow, as they stand in JSON text; a key that starts with another
+#: one is left to that one's search, which finds both (``"usage`` finds ``"usageMetadata``).
+_USAGE_AT: Final = tuple(
+    f'"{key}'.encode()
+    for key in providers.USAGE_AT
+    if not any(key != other and key.startswith(other) for other in providers.USAGE_AT)
+)
 #: Bytes read after such a key: a usage object with its details (Cohere's holds two).
 WINDOW: Final = 1024
 #: Occurrences of ``"model`` tried before giving up (``"models"`` and the like come first).
 _MODEL_TRIES: Final = 3
+#: The counts a provider sends beside its totals, to be added to them.
+_BESIDE: Final = frozenset(
+    [providers.CACHE_READ_BESIDE, providers.CACHE_WRITE_BESIDE, providers.REASONING_BESIDE]
+)
 _KINDS: Final = {key.encode(): kind for key, kind in providers.USAGE_FIELDS.items()}
 #: Seconds per unit of the server-split fields.
 _SPLIT_FIELDS: Final = {
@@ -69,10 +79,10 @@ class Usage:
     @property
     def empty(self) -> bool:
         """Nothing at all was said."""
-        return self == _NOTHING
+        return vars(self) == _NOTHING
 
 
-_NOTHING: Final = Usage()
+_NOTHING: Final = vars(Usage())
 
 
 def read_usage(watch: BodyWatch | None, found: Mapping[str, list[str]]) -> Usage:
@@ -87,11 +97,8 @@ def read_usage(watch: BodyWatch | None, found: Mapping[str, list[str]]) -> Usage
             regions += [(payload, True) for payload in base64_payloads(tail)]
         for region, last in regions:
             for window in _usage_windows(region, last):
-                for match in _FIELD.finditer(window):
-                    start = match.start()
-                    if start and window[start - 1] == 92:  # a backslash: inside a string
-                        continue
-                    fields[_KINDS[match.group(1)]] = float(match.group(2))
+                for key, value in _FIELD.findall(window):
+                    fields[_KINDS[key]] = float(value)
         model = _model(head) or (None if head is tail else _model(tail))
     said = not _HEADERS.isdisjoint(found)
     if said:
@@ -114,15 +121,18 @@ def read_usage(watch: BodyWatch | None, found: Mapping[str, list[str]]) -> Usage
 
 
 def _usage_windows(region: bytes, last: bool) -> list[bytes]:
-    """The bytes after each usage key in ``region``: its last occurrence (``last``) or its
-    first, a key behind a backslash (inside a generated string) passed over."""
+    """Each usage key in ``region`` and the bytes after it, from the byte before it (what
+    ``_FIELD`` matches first): the key's last occurrence (``last``) or its first, a key behind
+    a backslash (inside a generated string) passed over."""
     windows = []
     for key in _USAGE_AT:
         at = region.rfind(key) if last else region.find(key)
         while at > 0 and region[at - 1] == 92:
             at = region.rfind(key, 0, at) if last else region.find(key, at + 1)
-        if at >= 0:
-            windows.append(region[at : at + WINDOW])
+        if at > 0:
+            windows.append(region[at - 1 : at + WINDOW])
+        elif at == 0:  # the region starts with the key: nothing stands before it
+            windows.append(b"{" + region[:WINDOW])
     return windows
 
 
@@ -140,26 +150,34 @@ def _model(region: bytes) -> str | None:
 
 
 def _counts(fields: Mapping[str, float]) -> Usage:
-    def count(kind: str) -> int | None:
-        value = fields.get(kind)
-        return None if value is None or value < 0 else int(value)
-
-    inputs, outputs = count(providers.INPUT), count(providers.OUTPUT)
-    cache_beside = count(providers.CACHE_READ_BESIDE)
-    write_beside = count(providers.CACHE_WRITE_BESIDE)
-    reasoning_beside = count(providers.REASONING_BESIDE)
+    """The token counts of ``fields``; the ones a provider counts beside its totals (cache
+    reads and writes, reasoning) added to them."""
+    get = fields.get
+    # Inline, not through _count: this runs for every answer.
+    inputs = None if (value := get(providers.INPUT)) is None or value < 0 else int(value)
+    outputs = None if (value := get(providers.OUTPUT)) is None or value < 0 else int(value)
+    cached = None if (value := get(providers.CACHE_READ)) is None or value < 0 else int(value)
+    reasoning = None if (value := get(providers.REASONING)) is None or value < 0 else int(value)
+    if _BESIDE.isdisjoint(fields):
+        return Usage(inputs, outputs, cached, reasoning)
+    cache_beside = _count(get(providers.CACHE_READ_BESIDE))
+    write_beside = _count(get(providers.CACHE_WRITE_BESIDE))
+    reasoning_beside = _count(get(providers.REASONING_BESIDE))
     if inputs is not None:
         inputs += (cache_beside or 0) + (write_beside or 0)
     if outputs is not None:
         outputs += reasoning_beside or 0
-    cached = count(providers.CACHE_READ)
-    reasoning = count(providers.REASONING)
     return Usage(
-        input_tokens=inputs,
-        output_tokens=outputs,
-        cache_read_tokens=cached if cached is not None else cache_beside,
-        reasoning_tokens=reasoning if reasoning is not None else reasoning_beside,
+        inputs,
+        outputs,
+        cached if cached is not None else cache_beside,
+        reasoning if reasoning is not None else reasoning_beside,
     )
+
+
+def _count(value: float | None) -> int | None:
+    """A token count as the server sent it; None when it sent none (or no count)."""
+    return None if value is None or value < 0 else int(value)
 
 
 def _add_part(usage: Usage, part: str, seconds: float) -> None:
