@@ -15,13 +15,23 @@ rotating order, medians:
 - the parts: ``Timeline.chunk`` alone, and SSE counting alone.
 
     python bench/per_chunk.py
+    python bench/per_chunk.py --instructions   # instructions per chunk, counted by callgrind
+
+With ``--instructions`` each path runs in an interpreter of its own under valgrind's callgrind
+(``--dump-before=getpgrp``): a warm-up, then ``n`` chunks, then ``2 n``; a chunk's count is
+the difference of the two windows over ``n``, which repeats to the instruction whatever else
+the machine does.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -185,19 +195,14 @@ def _meter() -> Any:
     return MeterProvider().get_meter("bench")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--chunks", type=int, default=200_000)
-    args = parser.parse_args()
-
+def all_paths() -> dict[str, Callable[[int], None]]:
+    """Every path by name, the aiohttp and urllib3 hooks installed as in a program."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
     import llm_latency
 
     paths = {**httpcore_paths(), **part_paths()}
-    # The aiohttp and urllib3 hooks are llm-latency's own, installed as in a program.
     llm_latency.instrument(
         tracer_provider=TracerProvider(),
         meter_provider=MeterProvider(),
@@ -206,6 +211,71 @@ def main() -> None:
     )
     paths.update(aiohttp_paths())
     paths.update(requests_paths())
+    return paths
+
+
+def count_worker(name: str, n: int) -> None:
+    """Under callgrind: path ``name`` warmed up, then ``n`` and ``2 n`` chunks, each window
+    ended by a checkpoint (``os.getpgrp``)."""
+    run = all_paths()[name]
+    run(n // 4)
+    os.getpgrp()
+    run(n)
+    os.getpgrp()
+    run(2 * n)
+    os.getpgrp()
+
+
+def instructions_per_chunk(name: str, n: int) -> float:
+    """Instructions path ``name`` costs per chunk (see the module's docstring)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/callgrind.out"
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", "--dump-before=getpgrp", "--dump-instr=no",
+             f"--callgrind-out-file={out}", sys.executable, __file__, "--count-worker", name,
+             str(n)],
+            check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"},
+        )  # fmt: skip
+        totals = []
+        for index in (2, 3):
+            with open(f"{out}.{index}") as dump:
+                line = next(line for line in dump if line.startswith("totals:"))
+                totals.append(int(line.split()[1]))
+    return (totals[1] - totals[0]) / n
+
+
+PAIRS: dict[str, str] = {
+    "httpx/httpx2 llm-latency": "httpx/httpx2 bare",
+    "aiohttp llm-latency": "aiohttp bare",
+    "requests llm-latency": "requests bare",
+    "Timeline.chunk": "loop alone",
+    "Timeline.chunk, body watched": "loop alone",
+    "SSE counting": "loop alone",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--chunks", type=int, default=200_000)
+    parser.add_argument("--instructions", action="store_true", help="count them (callgrind)")
+    parser.add_argument("--count-worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.count_worker:
+        count_worker(args.count_worker[0], int(args.count_worker[1]))
+        return
+    paths = all_paths()
+    if args.instructions:
+        n = 2000
+        counted = {name: instructions_per_chunk(name, n) for name in paths}
+        print(f"instructions per chunk of {len(CHUNK)} bytes (callgrind, {2 * n} against {n})")
+        print("| path | instructions per chunk | added by llm-latency |")
+        print("|---|---:|---:|")
+        for name, value in counted.items():
+            base = PAIRS.get(name)
+            added = f"{value - counted[base]:,.0f}" if base else "-"
+            print(f"| {name} | {value:,.0f} | {added} |")
+        return
 
     results: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)
@@ -216,16 +286,8 @@ def main() -> None:
     print(f"{args.chunks} chunks of {len(CHUNK)} bytes x {args.rounds} rounds, medians")
     print("| path | µs per chunk | added by llm-latency |")
     print("|---|---:|---:|")
-    pairs = {
-        "httpx/httpx2 llm-latency": "httpx/httpx2 bare",
-        "aiohttp llm-latency": "aiohttp bare",
-        "requests llm-latency": "requests bare",
-        "Timeline.chunk": "loop alone",
-        "Timeline.chunk, body watched": "loop alone",
-        "SSE counting": "loop alone",
-    }
     for name in names:
-        base = pairs.get(name)
+        base = PAIRS.get(name)
         added = f"{median[name] - median[base]:.2f}" if base else "-"
         print(f"| {name} | {median[name]:.2f} | {added} |")
 
