@@ -17,9 +17,11 @@ import pytest
 import requests
 import urllib3
 from aiohttp import web
+from requests.structures import CaseInsensitiveDict
 from urllib3 import HTTPHeaderDict
 
 import llm_latency
+from llm_latency.adapters import requests as requests_adapter
 from tests.conftest import Telemetry
 from tests.servers import serving
 
@@ -111,6 +113,32 @@ async def test_requests_leaves_the_session_and_the_prepared_request(
     await asyncio.to_thread(session.send, prepared)
     assert peer.traceparents()[-1] is None
     assert [dict(session.headers), dict(mine), dict(prepared.headers)] == before
+
+
+def test_requests_headers_copy_as_their_own_copy_would() -> None:
+    """The copy of requests' headers that is sent (made apart from its own ``copy()``, which
+    is dearer) is what ``copy()`` and ``update()`` make: the same type, fields, order and
+    case-insensitive replacement; the program's mapping is left as it was."""
+    # A propagator's keys may have capitals (B3's X-B3-TraceId), the program's fields too.
+    carrier = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "X-B3-TraceId": "a" * 32}
+
+    class Subclass(CaseInsensitiveDict[str]):
+        pass
+
+    for kind in (CaseInsensitiveDict, Subclass):
+        mine = kind(
+            {"Content-Type": "application/json", "TraceParent": "old", "x-b3-traceid": "old"}
+        )
+        before = list(mine.items())
+        expected = mine.copy()
+        expected.update(carrier)
+        sent = requests_adapter._with(mine, carrier)
+        assert type(sent) is type(expected)
+        assert list(sent.items()) == list(expected.items())
+        assert sent["TRACEPARENT"] == carrier["traceparent"] and len(sent) == 3
+        assert sent["x-b3-traceid"] == carrier["X-B3-TraceId"]
+        sent["x-later"] = "1"  # the copy is the program's no more
+        assert list(mine.items()) == before
 
 
 async def test_aiohttp_leaves_the_session_and_the_call_headers(

@@ -28,6 +28,8 @@ The connection pools (``pools``): ``_urllib3_pool``.
 
 from __future__ import annotations
 
+import sys
+from collections import OrderedDict
 from functools import partial
 from typing import Any, Final
 
@@ -78,6 +80,19 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 def _with(headers: Any, carrier: dict[str, str]) -> Any:
     """A copy of ``headers`` (of its own type when it can copy itself: an ``HTTPHeaderDict``
     keeps its repeated fields) with ``carrier``'s fields added."""
+    structures = sys.modules.get("requests.structures")  # imported if the program uses requests
+    kind = type(headers)
+    if structures is not None and kind is structures.CaseInsensitiveDict:
+        store = headers.__dict__.get("_store")
+        if type(store) is OrderedDict:
+            # requests' PreparedRequest.headers, the commonest case: its store copied in C,
+            # where its own copy() sets each field again in Python (about 1.8 us a request).
+            store = store.copy()
+            for name, value in carrier.items():
+                store[name.lower()] = (name, value)
+            sent = kind.__new__(kind)
+            sent._store = store
+            return sent
     copy = getattr(headers, "copy", None)
     sent = copy() if callable(copy) else dict(headers)
     sent.update(carrier)
