@@ -30,6 +30,7 @@ per second of in-flight time:
     python bench/instructions.py                          # every client (10 min on 2 idle cores)
     python bench/instructions.py --clients aiohttp --workloads json
     python bench/instructions.py --runs 3                 # three runs, and how far apart
+    python bench/instructions.py --requests 200           # JSON windows of 200 and 400 requests
     python bench/instructions.py --cycles                 # and estimated cycles per request
 
 ``--cycles`` turns on callgrind's cache and branch simulation and estimates cycles from the
@@ -247,6 +248,7 @@ def run_worker(
                 "--compress-strings=no", "--compress-pos=no", *simulate,
                 f"--callgrind-out-file={tmp}/callgrind.out", "--",
                 sys.executable, __file__, "--worker", client, subject, workload, str(port),
+                str(WORKLOADS[workload]["n"]),
             ],
             capture_output=True, text=True, timeout=3600,
             # String hashes, and so dict and set layouts, the same in every run.
@@ -398,10 +400,19 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--cpu", type=Path, help="overhead.py --json's medians: side by side")
     parser.add_argument("--load", type=Path, help="print the runs of an earlier --json")
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=WORKLOADS["json"]["n"],
+        help="n of the JSON workload's windows: a larger n spreads over more requests the "
+        "garbage collections that fall in one window and not the other (slower)",
+    )
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    WORKLOADS["json"]["n"] = args.requests
     if args.worker:
-        client, subject, workload, port = args.worker
+        client, subject, workload, port, n = args.worker
+        WORKLOADS[workload]["n"] = int(n)
         print(json.dumps(work(client, subject, workload, int(port))))
         return
     if args.load:
