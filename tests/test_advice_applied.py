@@ -10,13 +10,34 @@ import pytest
 
 from llm_latency.diagnosis import Fix
 from llm_latency.diagnosis.findings import CONFIGURE, DECORATE, REUSE
-from tests.scenarios.applied import SCENARIOS, Applied, applied, try_advice
+from tests.scenarios.applied import SCENARIOS, Applied, Outcome, applied, try_advice
 from tests.scenarios.client_programs import Config
+
+#: Runs of a scenario at most, when the machine took the CPU from the program's loop.
+TRIES = 3
+#: The machine took the CPU when it held an attempt's loop for this share of the predicted
+#: saving: the realized one is then the machine's as much as the fix's.
+DISTURBED = 0.1
+
+
+def _pays(outcome: Outcome) -> bool:
+    return outcome.ratio is not None and 0.5 <= outcome.ratio <= 2.0
+
+
+def _disturbed(outcome: Outcome) -> bool:
+    predicted = outcome.predicted or 0.0
+    return predicted > 0 and outcome.descheduled >= DISTURBED * predicted
 
 
 @pytest.mark.parametrize("scenario", [pytest.param(s, id=s.name) for s in SCENARIOS])
 def test_the_advice_pays_when_applied(scenario: Applied) -> None:
-    outcome = try_advice(scenario)
+    """On a loaded machine, a pair of runs in which the machine kept the program's loop from a
+    CPU (as llm-latency itself measures it) says nothing of the fix: the scenario runs again,
+    up to TRIES times. A miss on a pair the machine left alone fails at once."""
+    for _ in range(TRIES):
+        outcome = try_advice(scenario)
+        if _pays(outcome) or not _disturbed(outcome):
+            break
     finding = outcome.finding
     assert finding is not None and finding.rule == scenario.first, finding
     if scenario.api is None:  # nothing a program can apply by rote, and no saving claimed
@@ -25,8 +46,9 @@ def test_the_advice_pays_when_applied(scenario: Applied) -> None:
     assert finding.change is not None and finding.change.api == scenario.api, finding.change
     assert finding.change.call() in finding.fix  # the text says what the Fix is
     assert outcome.kind == "wall", finding.saving  # batches: their wall time is what is seen
-    assert outcome.ratio is not None and 0.5 <= outcome.ratio <= 2.0, (
-        f"predicted {outcome.predicted}, realized {outcome.realized}: {finding.lines()}"
+    assert _pays(outcome), (
+        f"predicted {outcome.predicted}, realized {outcome.realized}, the loop kept from a CPU "
+        f"for up to {outcome.descheduled:.3f} s: {finding.lines()}"
     )
 
 

@@ -105,6 +105,13 @@ class Outcome:
         return sum(durations[0]) - sum(durations[1])
 
     @property
+    def descheduled(self) -> float:
+        """The longest time the machine kept an attempt's event loop from a CPU, in either
+        run (s; llm_latency.event_loop.descheduled, measured on asyncio clients only)."""
+        attempts = [a for call in (*self.before, *self.after) for a in call.attempts]
+        return max((a.descheduled or 0.0 for a in attempts), default=0.0)
+
+    @property
     def ratio(self) -> float | None:
         """Realized over predicted."""
         if self.predicted is None or self.realized is None or self.predicted <= 0:
