@@ -404,8 +404,8 @@ def main() -> None:
         "--requests",
         type=int,
         default=WORKLOADS["json"]["n"],
-        help="n of the JSON workload's windows: a larger n spreads over more requests the "
-        "garbage collections that fall in one window and not the other (slower)",
+        help="n of the JSON workload's windows (default 30): the count per request depends "
+        "on it through the cyclic collector (docs/overhead.md), so compare runs at one n",
     )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
