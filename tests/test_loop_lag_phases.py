@@ -14,7 +14,9 @@ every attempt is still setting up its connection when the stall begins, whatever
   TLS phase's time stays the network's.
 
 Every bound is a share of the injected stall and delay. aiohttp runs on asyncio's loop and on
-uvloop.
+uvloop. A run that misses a bound while the machine kept the test's loop or the server from a
+CPU (their run-queue waits, ``tests/cpu_waits.py``) runs again, up to three times; a miss in a
+run the machine left alone fails at once.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -34,6 +37,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from tests.command_line import mock_server
 from tests.conftest import Telemetry, seconds
+from tests.cpu_waits import Waited, machine_waits
 
 pytestmark = pytest.mark.xdist_group("timing")
 
@@ -41,6 +45,11 @@ REQUESTS = 10
 LAG = "llm_latency.event_loop.lag"
 SET_UP = ("queue", "dns", "connect", "tls")
 KINDS = ["aiohttp", "aiohttp-uvloop", "httpx-async", "httpx2-async"]
+#: Runs of a stalled scenario at most, when the machine took the CPU from the test or the server.
+TRIES = 3
+#: The machine disturbed a run when it kept the loop's thread and the server from a CPU for this
+#: share of the stall, together.
+DISTURBED = 0.1
 
 
 class Probe:
@@ -163,18 +172,53 @@ def check_attempt(
     return found
 
 
+@dataclass
+class Stalled:
+    """The attempts of one run of :func:`stalled_while_connecting`, the longest stall a loaded
+    machine added besides (as the test's own task saw it), and what the machine took from the
+    loop's thread and from the server's process while it ran."""
+
+    attempts: list[ReadableSpan]
+    longest: float
+    waited: Waited
+
+
 def stalled_while_connecting(
     telemetry: Telemetry, kind: str, delay: float, stall: float
-) -> tuple[list[ReadableSpan], float]:
+) -> Stalled:
     """REQUESTS requests with ``kind`` to ``mock-server --tls --tls-delay delay``, the loop
-    stalled ``stall`` s as they connect: their request spans (all of them, checked), and the
-    longest stall a loaded machine added besides."""
+    stalled ``stall`` s as they connect: their request spans (all of them), the longest stall a
+    loaded machine added besides, and the run-queue waits of this thread and of the server."""
+    telemetry.exporter.clear()  # a run again: only its own attempts
     with mock_server("--tls", "--tls-delay", str(delay), "--ttfb", "0.01", "--tokens", "1") as mock:
         assert mock.ca_file is not None
-        longest = run(kind, requests_while_stalled(kind, mock.url, mock.ca_file, stall))
+        with machine_waits(mock.process.pid) as waited:
+            longest = run(kind, requests_while_stalled(kind, mock.url, mock.ca_file, stall))
     attempts = telemetry.attempts()
     assert len(attempts) == REQUESTS
-    return attempts, longest
+    return Stalled(attempts, longest, waited)
+
+
+def checked_while_stalled(
+    telemetry: Telemetry,
+    kind: str,
+    delay: float,
+    stall: float,
+    misses: Callable[[Stalled], list[str]],
+) -> None:
+    """Runs :func:`stalled_while_connecting` and checks the run with ``misses`` (what it got
+    wrong, in words). A run the machine measurably disturbed (it kept the loop's thread and the
+    server from a CPU for a tenth of the stall or more: the monitor ties a phase's end to the
+    stall only when the end comes within 20 ms of it, and a starved server answers the
+    handshake late) says nothing of the monitor when it misses: it runs again, up to TRIES
+    times. A miss in a run the machine left alone fails at once; the message says what the
+    machine took."""
+    for _ in range(TRIES):
+        stalled = stalled_while_connecting(telemetry, kind, delay, stall)
+        found = misses(stalled)
+        if not found or stalled.waited.total < DISTURBED * stall:
+            break
+    assert not found, f"{found}; {stalled.waited} (longest other stall {stalled.longest:.3f} s)"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -182,21 +226,28 @@ def test_a_stall_while_connecting_is_the_programs_lag(telemetry: Telemetry, kind
     """The server's TLS answer (after 0.1 s) and the TCP connects arrive during a 0.3 s stall:
     the set-up phases end after it, and the stall is charged to them."""
     delay, stall = 0.1, 0.3
-    attempts, longest = stalled_while_connecting(telemetry, kind, delay, stall)
-    for attempt in attempts:
-        found = check_attempt(telemetry, attempt)
-        set_up = sum(found[name][0] for name in SET_UP if name in found)
-        set_up_lag = sum(found[name][1] for name in SET_UP if name in found)
-        # The stall, less its first tick interval (10 ms) that the monitor cannot see; on a
-        # machine so loaded that the process waits for a core tens of ms at a time after it,
-        # what ends the set-up may come later than the monitor ties to the stall: half of it.
-        assert set_up_lag >= stall / 2, found
-        # What is left is the handshake's delay and the loop's own work on ten handshakes,
-        # plus whatever a loaded machine stalled the whole process: the stall was taken out.
-        assert set_up - set_up_lag < delay + stall / 2 + longest, (found, longest)
-        # The stall was in the set-up: the wait (a 10 ms server) carries none of it, only what a
-        # loaded machine took besides.
-        assert found["wait"][1] < stall / 3 + longest, (found, longest)
+
+    def misses(stalled: Stalled) -> list[str]:
+        found: list[str] = []
+        for attempt in stalled.attempts:
+            phases = check_attempt(telemetry, attempt)
+            set_up = sum(phases[name][0] for name in SET_UP if name in phases)
+            set_up_lag = sum(phases[name][1] for name in SET_UP if name in phases)
+            # The stall, less its first tick interval (10 ms) that the monitor cannot see; what
+            # ends the set-up may come later than the monitor ties to the stall: half of it.
+            if set_up_lag < stall / 2:
+                found.append(f"set-up lag {set_up_lag:.3f} s < {stall / 2} s: {phases}")
+            # What is left is the handshake's delay and the loop's own work on ten handshakes,
+            # plus whatever a loaded machine stalled the whole process: the stall was taken out.
+            if set_up - set_up_lag >= delay + stall / 2 + stalled.longest:
+                found.append(f"set-up less lag {set_up - set_up_lag:.3f} s: {phases}")
+            # The stall was in the set-up: the wait (a 10 ms server) carries none of it, only
+            # what a loaded machine took besides.
+            if phases["wait"][1] >= stall / 3 + stalled.longest:
+                found.append(f"wait lag {phases['wait'][1]:.3f} s: {phases}")
+        return found
+
+    checked_while_stalled(telemetry, kind, delay, stall, misses)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -206,14 +257,21 @@ def test_a_stall_that_ends_before_the_answer_delays_nothing(
     """The server's TLS answer comes 0.6 s after the ClientHello, long after a 0.15 s stall
     that began while the connections opened: the handshake's time is the network's."""
     delay, stall = 0.6, 0.15
-    attempts, longest = stalled_while_connecting(telemetry, kind, delay, stall)
-    for attempt in attempts:
-        found = check_attempt(telemetry, attempt)
-        tls, tls_lag = found["tls"]
-        assert tls >= delay, found
-        # The handshake's wait for the server stays the network's: at most the loop's own work
-        # on ten handshakes that ended together, and what a loaded machine took besides.
-        assert tls - tls_lag >= delay * 0.75 - longest, (found, longest)
+
+    def misses(stalled: Stalled) -> list[str]:
+        found: list[str] = []
+        for attempt in stalled.attempts:
+            phases = check_attempt(telemetry, attempt)
+            tls, tls_lag = phases["tls"]
+            if tls < delay:
+                found.append(f"tls {tls:.3f} s < {delay} s: {phases}")
+            # The handshake's wait for the server stays the network's: at most the loop's own
+            # work on ten handshakes that ended together, and what a loaded machine took besides.
+            if tls - tls_lag < delay * 0.75 - stalled.longest:
+                found.append(f"tls less lag {tls - tls_lag:.3f} s: {phases}")
+        return found
+
+    checked_while_stalled(telemetry, kind, delay, stall, misses)
 
 
 async def one_request_stalled_while_waiting(url: str, stall: float) -> None:
