@@ -43,3 +43,15 @@ def longest_gap_seen(span: ReadableSpan) -> float:
     lag = attributes(span).get("llm_latency.event_loop.lag", 0.0)
     assert isinstance(lag, float)
     return float_attr(span, "llm_latency.stream.max_gap") + lag
+
+
+def held_back(span: ReadableSpan, request: ReadableSpan | None = None) -> float:
+    """How long the loop was held back in ``span`` (a request span, or one of ``request``'s
+    phases), as the product measures it: its ``llm_latency.event_loop.lag`` (the program's own
+    stalls: a collection of a test worker's whole heap takes a second on a loaded 2-core
+    machine) plus the attempt's ``llm_latency.event_loop.descheduled`` (the machine kept the
+    loop's thread from a CPU). 0 where neither was measured (a loop on time, a sync client)."""
+    lag = attributes(span).get("llm_latency.event_loop.lag", 0.0)
+    descheduled = attributes(request or span).get("llm_latency.event_loop.descheduled", 0.0)
+    assert isinstance(lag, float) and isinstance(descheduled, float), (lag, descheduled)
+    return lag + descheduled

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from opentelemetry.trace import StatusCode
 
-from tests.attributes import attributes, int_attr
+from tests.attributes import attributes, held_back, int_attr
 from tests.checks import SLACK
 from tests.conftest import Telemetry, seconds
 from tests.servers import LLMServer
@@ -70,8 +70,11 @@ async def test_span_ends_at_end_of_body(telemetry: Telemetry, server: LLMServer,
         assert result
     request = telemetry.request()
     receive = telemetry.phases(request)["receive"]
-    assert 0.3 - 0.005 <= seconds(receive) <= 0.3 + SLACK
-    assert 0.4 - 0.005 <= seconds(request) <= 0.4 + SLACK
+    # Each lasts its injected delays, and not much more than they and what held the loop back
+    # meanwhile, as the product measured it (its own stalls, the machine's): a loaded machine
+    # takes the process away for a second at times (a collection of the worker's heap).
+    assert 0.3 - 0.005 <= seconds(receive) <= 0.3 + SLACK + held_back(receive, request)
+    assert 0.4 - 0.005 <= seconds(request) <= 0.4 + SLACK + held_back(request)
     assert request.end_time == receive.end_time
     assert request.status.status_code is StatusCode.UNSET
 
@@ -81,7 +84,7 @@ async def test_body_never_read_ends_at_release(telemetry: Telemetry, server: LLM
         async with session.get(server.url(chunks=20, gap=0.1)) as response:
             assert response.status == 200
     request = telemetry.request()
-    assert seconds(request) < 1.0  # not the 1.9 s the whole body would take
+    assert seconds(request) - held_back(request) < 1.0  # not the 1.9 s the whole body would take
     assert request.status.status_code is StatusCode.UNSET
 
 
@@ -93,7 +96,7 @@ async def test_released_or_closed_early(telemetry: Telemetry, server: LLMServer,
         getattr(response, how)()
         assert len(telemetry.requests()) == 1  # ended at once, not when the server finishes
     request = telemetry.request()
-    assert seconds(request) < 1.0
+    assert seconds(request) - held_back(request) < 1.0
     assert request.status.status_code is StatusCode.UNSET
     assert int_attr(request, "llm_latency.stream.events") <= 2
 
@@ -104,7 +107,7 @@ async def test_session_closed_mid_body(telemetry: Telemetry, server: LLMServer) 
     await response.content.readline()
     await session.close()
     request = telemetry.request()
-    assert seconds(request) < 1.0
+    assert seconds(request) - held_back(request) < 1.0
     assert request.status.status_code is StatusCode.ERROR
     assert attributes(request)["llm_latency.failed_phase"] == "receive"
     assert attributes(request)["error.type"] == "ClientConnectionError"
