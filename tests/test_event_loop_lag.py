@@ -22,6 +22,7 @@ from aiohttp import web
 
 from tests.command_line import Mock, mock_server
 from tests.conftest import Telemetry
+from tests.cpu_waits import Waited, machine_waits
 from tests.httpx_clients import Client
 
 pytestmark = pytest.mark.xdist_group("timing")
@@ -34,6 +35,11 @@ BLOCK = 0.55
 #: How long the answers wait in the socket buffer while the loop is blocked: the lag to find.
 #: Every bound below is a share of it.
 STALL = BLOCK - INJECTED
+#: Bursts at most, when the machine took the CPU from the test's loop or the server.
+TRIES = 3
+#: The machine disturbed a burst when it kept the loop's thread and the server from a CPU for
+#: this share of the stall, together.
+DISTURBED = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -121,46 +127,73 @@ async def burst(session: aiohttp.ClientSession, url: str, sent: SentRequests | N
     await asyncio.gather(*tasks)
 
 
-@pytest.mark.parametrize("blocked", [False, True], ids=["idle loop", "blocked loop"])
-async def test_lag_is_the_programs_share_of_the_wait(
+async def measured_burst(
     telemetry: Telemetry, mock: Mock, blocked: bool
-) -> None:
-    telemetry.instrument()
-    url = mock.url
+) -> tuple[list[dict[str, Any]], float, Waited]:
+    """One burst (the loop blocked once all are out, when ``blocked``) on warm connections: the
+    attempts' facts, the longest stall of the whole process that the test's own probe saw, and
+    what the machine took from this thread and from the server's process meanwhile."""
     sent = SentRequests()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, trace_configs=[sent.config]) as session:
-        async with session.post(url, json={}) as response:  # connections to warm up
+        async with session.post(mock.url, json={}) as response:  # connections to warm up
             await response.read()
         telemetry.exporter.clear()
         # Blocked once all are out, for 0.55 s: the answers, due 0.3 s later, wait in the
         # socket buffer.
-        async with LoopStallProbe() as probe:
-            await burst(session, url, sent if blocked else None)
-    rows = facts(telemetry)
-    assert len(rows) == CONCURRENCY
+        with machine_waits(mock.process.pid) as waited:
+            async with LoopStallProbe() as probe:
+                await burst(session, mock.url, sent if blocked else None)
+    return facts(telemetry), probe.longest, waited
+
+
+def misses(rows: list[dict[str, Any]], longest: float, blocked: bool) -> list[str]:
+    """What a burst's attempts got wrong, in words."""
+    found: list[str] = []
     lags = [row["llm_latency.event_loop.lag"] for row in rows]
-    # The mock server reports the time it really spent (at least the injected wait; more when
-    # its own process is slow, 2 cores and 50 requests at once): that is the provider's share.
-    for row in rows:
-        processing = row["llm_latency.server.processing_time"]
-        assert processing >= INJECTED - 0.001, row
-        # What is left of the send-to-first-byte window once the program's share and the
-        # provider's are taken out: the network, the kernel and the client's own parsing.
-        assert row["llm_latency.network_overhead"] >= 0, row
-    # On loopback that is a few ms, a stalled loop or not: the stall went to the lag.
+    # On loopback what is left of the window is a few ms, a stalled loop or not: the stall went
+    # to the lag.
     overheads = [row["llm_latency.network_overhead"] for row in rows]
-    assert statistics.median(overheads) < STALL / 5, rows
+    if statistics.median(overheads) >= STALL / 5:
+        found.append(f"network overhead p50 {statistics.median(overheads):.3f} s: {overheads}")
     if blocked:
         # The waits grew by the stall; the lag takes it back out.
-        assert statistics.median(row["wait"] for row in rows) > INJECTED + STALL / 2
-        assert min(lags) > STALL / 2, lags
-    else:
-        # Only the program's own work on 50 requests at once (sending them delays the end of
-        # each other's send, reading the answers each other's wait): a small share of the
-        # stall the blocked loop adds, plus any stall of the whole process that the test's own
-        # probe saw on the same loop (a loaded machine).
-        assert statistics.median(lags) < STALL / 5 + probe.longest, (lags, probe.longest)
+        if statistics.median(row["wait"] for row in rows) <= INJECTED + STALL / 2:
+            found.append(f"waits {[row['wait'] for row in rows]}")
+        if min(lags) <= STALL / 2:
+            found.append(f"lags {lags}")
+    # Only the program's own work on 50 requests at once (sending them delays the end of each
+    # other's send, reading the answers each other's wait): a small share of the stall the
+    # blocked loop adds, plus any stall of the whole process that the test's own probe saw on
+    # the same loop (a loaded machine).
+    elif statistics.median(lags) >= STALL / 5 + longest:
+        found.append(f"lag p50 {statistics.median(lags):.3f} s (probe {longest:.3f} s): {lags}")
+    return found
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["idle loop", "blocked loop"])
+async def test_lag_is_the_programs_share_of_the_wait(
+    telemetry: Telemetry, mock: Mock, blocked: bool
+) -> None:
+    """A burst that misses a bound while the machine kept this loop's thread and the server
+    from a CPU (a tenth of the stall or more: the server reads the requests late, the loop
+    reads the answers late, and neither is the program's lag) runs again, up to TRIES times; a
+    miss in a burst the machine left alone fails at once."""
+    telemetry.instrument()
+    for _ in range(TRIES):
+        rows, longest, waited = await measured_burst(telemetry, mock, blocked)
+        assert len(rows) == CONCURRENCY
+        # The mock server reports the time it really spent (at least the injected wait; more
+        # when its own process is slow, 2 cores and 50 requests at once): the provider's share.
+        for row in rows:
+            assert row["llm_latency.server.processing_time"] >= INJECTED - 0.001, row
+            # What is left of the send-to-first-byte window once the program's share and the
+            # provider's are taken out: the network, the kernel and the client's own parsing.
+            assert row["llm_latency.network_overhead"] >= 0, row
+        found = misses(rows, longest, blocked)
+        if not found or waited.total < DISTURBED * STALL:
+            break
+    assert not found, f"{found}; {waited}"
 
 
 async def test_lag_histogram(telemetry: Telemetry, mock: Mock) -> None:
