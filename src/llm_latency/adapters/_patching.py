@@ -257,25 +257,12 @@ def _tapped_method(
     return functools.update_wrapper(tapped_argument, function)
 
 
-def _plain_function(function: Any, wrap: Any, method: bool) -> Any:
-    """``function`` hooked by ``wrap`` (a wrapt-style ``wrap(wrapped, instance, args,
-    kwargs)``) as a plain function with the original's name, signature, ``__wrapped__`` and
-    coroutine-ness: a ``method`` (set on a class) gets its instance from the first argument,
-    as wrapt's proxy would hand it over, and the original bound to it."""
+def _plain_function(function: Any, wrap: Any) -> Any:
+    """The module function ``function`` hooked by ``wrap`` (a wrapt-style ``wrap(wrapped,
+    instance, args, kwargs)``) as a plain function with the original's name, signature,
+    ``__wrapped__`` and coroutine-ness. (A function set on a class gets a twin of its own:
+    :func:`_sync_method`, :func:`_async_method`, :func:`_tapped_method`.)"""
     if inspect.iscoroutinefunction(function):
-        if method:
-
-            async def hooked_method(*args: Any, **kwargs: Any) -> Any:
-                if not args:  # no instance to hand over: the original says what is wrong
-                    return await function(**kwargs)
-                try:
-                    return await wrap(function.__get__(args[0]), args[0], args[1:], kwargs)
-                except BaseException as exc:
-                    _forget_own_frames(exc)
-                    del args, kwargs  # what a failed request's traceback would keep
-                    raise
-
-            return functools.update_wrapper(hooked_method, function)
 
         async def hooked_function(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -286,19 +273,6 @@ def _plain_function(function: Any, wrap: Any, method: bool) -> Any:
                 raise
 
         return functools.update_wrapper(hooked_function, function)
-    if method:
-
-        def hooked(*args: Any, **kwargs: Any) -> Any:
-            if not args:  # no instance to hand over: the original says what is wrong
-                return function(**kwargs)
-            try:
-                return wrap(function.__get__(args[0]), args[0], args[1:], kwargs)
-            except BaseException as exc:
-                _forget_own_frames(exc)
-                del args, kwargs  # what a failed request's traceback would keep
-                raise
-
-        return functools.update_wrapper(hooked, function)
 
     def hooked_plain(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -354,6 +328,95 @@ def _async_wrapper(hook: Hook, where: str, report: FaultReporter, switch: _Switc
     return wrapper
 
 
+def _sync_method(
+    function: Any, hook: Hook, where: str, report: FaultReporter, switch: _Switch
+) -> Any:
+    """The plain function ``function``, set on a class, hooked by ``hook``: what
+    :func:`_plain_function` makes of :func:`_sync_wrapper`, in one frame. The instance is the
+    first argument, and the original is called with it, not bound to it first (hooks run on
+    every request: a frame and a bound method less per call)."""
+    before, after, on_error = hook.before, hook.after, hook.error
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        if not args or not switch.on:  # no instance: the original says what is wrong
+            return function(*args, **kwargs)
+        instance = args[0]
+        try:
+            state = before(instance, args[1:], kwargs)
+        except Exception:
+            report(where)
+            return function(*args, **kwargs)
+        if state is SKIP:
+            return function(*args, **kwargs)
+        if type(state) is Rewrite:
+            state, args, kwargs = state.state, (instance, *state.args), state.kwargs
+        if after is None and on_error is None:
+            return function(*args, **kwargs)
+        try:
+            result = function(*args, **kwargs)
+        except BaseException as exc:
+            if on_error is not None:
+                try:
+                    on_error(state, exc)
+                except Exception:
+                    _settle(hook, state, where, report)
+            _forget_own_frames(exc)
+            del state, instance, args, kwargs  # what a failed request's traceback would keep
+            raise
+        if after is None:
+            return result
+        try:
+            return after(state, result)
+        except Exception:
+            _settle(hook, state, where, report)
+            return result
+
+    return functools.update_wrapper(hooked, function)
+
+
+def _async_method(
+    function: Any, hook: Hook, where: str, report: FaultReporter, switch: _Switch
+) -> Any:
+    """:func:`_sync_method` for a coroutine function (its twin: see the module's docstring)."""
+    before, after, on_error = hook.before, hook.after, hook.error
+
+    async def hooked(*args: Any, **kwargs: Any) -> Any:
+        if not args or not switch.on:  # no instance: the original says what is wrong
+            return await function(*args, **kwargs)
+        instance = args[0]
+        try:
+            state = before(instance, args[1:], kwargs)
+        except Exception:
+            report(where)
+            return await function(*args, **kwargs)
+        if state is SKIP:
+            return await function(*args, **kwargs)
+        if type(state) is Rewrite:
+            state, args, kwargs = state.state, (instance, *state.args), state.kwargs
+        if after is None and on_error is None:
+            return await function(*args, **kwargs)
+        try:
+            result = await function(*args, **kwargs)
+        except BaseException as exc:
+            if on_error is not None:
+                try:
+                    on_error(state, exc)
+                except Exception:
+                    _settle(hook, state, where, report)
+            _forget_own_frames(exc)
+            del state, instance, args, kwargs  # what a failed request's traceback would keep
+            raise
+        if after is None:
+            return result
+        try:
+            return after(state, result)
+        except Exception:
+            _settle(hook, state, where, report)
+            return result
+
+    return functools.update_wrapper(hooked, function)
+
+
 def _inner_code(*factories: Callable[..., Any]) -> frozenset[CodeType]:
     """The code of the functions that ``factories`` define: the wrappers this module installs
     (one code object for all the closures a factory makes)."""
@@ -367,7 +430,13 @@ def _inner_code(*factories: Callable[..., Any]) -> frozenset[CodeType]:
 
 #: The code of every frame a hook puts between the program and its client library.
 _OWN_CODE: Final = _inner_code(
-    _sync_wrapper, _async_wrapper, _tap_wrapper, _tapped_method, _plain_function
+    _sync_wrapper,
+    _async_wrapper,
+    _sync_method,
+    _async_method,
+    _tap_wrapper,
+    _tapped_method,
+    _plain_function,
 )
 
 
@@ -515,6 +584,9 @@ class PatchSet:
         method = inspect.isclass(owner)
         if isinstance(hook, Tap) and method and inspect.isfunction(target):
             wrapper = _tapped_method(target, hook, where, self._report, self._switch)
+        elif isinstance(hook, Hook) and method and inspect.isfunction(target):
+            twin = _async_method if inspect.iscoroutinefunction(target) else _sync_method
+            wrapper = twin(target, hook, where, self._report, self._switch)
         else:
             if isinstance(hook, Tap):
                 wrap = _tap_wrapper(hook, where, self._report, self._switch)
@@ -523,7 +595,7 @@ class PatchSet:
             else:
                 wrap = _sync_wrapper(hook, where, self._report, self._switch)
             if inspect.isfunction(target):
-                wrapper = _plain_function(target, wrap, method)
+                wrapper = _plain_function(target, wrap)
             else:
                 wrapper = wrapt.FunctionWrapper(target, wrap)
         if holder is None:
