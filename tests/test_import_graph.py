@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.histograms",
         "llm_latency.pools",
         "llm_latency.phase_spans",
+        "llm_latency.late_spans",
     ),
     # what the emitter keeps and reads; the SDK set-up; reading finished traces
     (

@@ -136,7 +136,7 @@ def test_the_lag_histogram_counts_the_attempts_that_lagged(
     for lag in lags:
         timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
         timeline.close()
-        record = AttemptRecord(timeline, INVALID_SPAN, "POST", "llm.test", 443, 0, None)
+        record = AttemptRecord(timeline, INVALID_SPAN, Context(), "POST", "llm.test", 443, 0, None)
         lags_by_phase = [0.0] * len(PHASE_NAMES)
         lags_by_phase[PHASE_NAMES.index("receive")] = lag
         facts = read_facts(timeline, LoopLag(lags_by_phase), frozenset())

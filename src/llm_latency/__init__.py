@@ -56,13 +56,13 @@ def instrument(
             besides the default allow-list. Credential and cookie headers are refused.
         phase_spans: emit one child span per phase (``http.dns``, ``http.wait``, ...). With
             False, only the request span and the metrics are emitted.
-        phase_span_fast_path: hand the phase spans that succeeded to the SDK's span processor
-            as finished spans (about 3 µs each instead of 15). Span processors then see them
-            in ``on_end`` only, and the sampler and span limits are not asked (a sampled
-            request span is what a ParentBased sampler follows). False sends every phase span
-            through the public API, for processors that need ``on_start``, and the request
-            span's end attributes through ``set_attributes`` (by default they are written into
-            the SDK span directly when they fit its limits).
+        phase_span_fast_path: hand the spans llm-latency writes to the SDK's span processor
+            as finished spans: the phase spans that succeeded (about 3 µs each instead of 15;
+            the sampler and span limits are not asked, a sampled request span is what a
+            ParentBased sampler follows) and, while no span processor acts at a span's start,
+            the request span (sampled as ``start_span`` samples it, written at its end: about
+            half of a live span's cost). Span processors then see them in ``on_end`` only.
+            False sends every span through the public API.
         phase_metrics: the phases ``llm_latency.phase.duration`` records in-process.
             ``"setup"``: queue (when the attempt waited), dns, connect and tls, whose presence
             is itself the news; send, wait and receive are on the phase spans, and the

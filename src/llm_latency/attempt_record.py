@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
     from llm_latency.calls import LogicalCall
@@ -25,6 +26,7 @@ class AttemptRecord:
 
     __slots__ = (
         "call",
+        "context",
         "host",
         "loop_monitor",
         "method",
@@ -39,6 +41,7 @@ class AttemptRecord:
         self,
         timeline: Timeline,
         span: Span,
+        context: Context,
         method: str,
         host: str,
         port: int | None,
@@ -49,6 +52,9 @@ class AttemptRecord:
         self.timeline = timeline
         #: The request span.
         self.span = span
+        #: A context whose span is the request span: what the request carries in
+        #: ``traceparent``, the parent of the phase spans and the metrics' exemplar trace.
+        self.context = context
         #: ``http.request.method``: the client's method, or ``_OTHER`` for an unknown one.
         self.method = method
         self.host = host

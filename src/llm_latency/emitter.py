@@ -52,7 +52,6 @@ _MAX_METHODS = 32
 
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
-_PHASES = range(len(PHASE_NAMES))
 #: The lag of an attempt whose loop was never busy while it was in flight.
 _NO_LAG: Final = LoopLag((0.0,) * len(PHASE_NAMES))
 
@@ -119,8 +118,8 @@ class Emitter:
         ``previous``, the request span of an earlier attempt of the same call (a redirect or a
         resend), is linked, so hops stay connected even without a parent span. ``on_loop``:
         the attempt runs on the running asyncio loop, whose lag is measured."""
-        tracers = self._tracers
-        tracer = tracers.settle() if tracers.pending else tracers.tracer
+        if self._tracers.pending:
+            self._tracers.settle()  # the phase writer follows the tracer it settles on
         method = timeline.method
         call = current_call.get()
         resend_count = timeline.resend_count
@@ -147,17 +146,17 @@ class Emitter:
             if template
             else (known if known != "_OTHER" else "HTTP")
         )
-        links = None if previous is None else [Link(previous.get_span_context())]
-        span = tracer.start_span(
-            name,
-            # Under an official HTTP client instrumentation's span for the same request, ours
-            # is its detail: one CLIENT span per request.
-            kind=_INTERNAL if under_http_client_span() else _CLIENT,
-            attributes=attributes,
-            links=links,
-            start_time=timeline.epoch_start_ns,
+        links = () if previous is None else (Link(previous.get_span_context()),)
+        # Under an official HTTP client instrumentation's span for the same request, ours is
+        # its detail: one CLIENT span per request.
+        kind = _INTERNAL if under_http_client_span() else _CLIENT
+        span = self._phase_writer.start_request(
+            name, kind, attributes, links, timeline.epoch_start_ns
         )
-        record = AttemptRecord(timeline, span, known, host, port, resend_count, call, route_owner)
+        context = set_span_in_context(span)
+        record = AttemptRecord(
+            timeline, span, context, known, host, port, resend_count, call, route_owner
+        )
         if self.time_per_output_chunk:
             timeline.gaps = []
         self._open[timeline] = record
@@ -167,7 +166,7 @@ class Emitter:
                 monitor.attempt_started()
                 record.loop_monitor = monitor
         if carrier is not None and self.propagate:
-            propagate.inject(carrier, context=set_span_in_context(span))
+            propagate.inject(carrier, context=context)
         return span
 
     # -- finish -------------------------------------------------------------------------------
@@ -262,7 +261,7 @@ class Emitter:
             if record.call is not None:
                 record.call.answer = answer
         self._phase_writer.set_attributes(span, attributes)
-        ctx = set_span_in_context(span)
+        ctx = record.context
         error = timeline.error
         self._emit_phases(timeline, span, ctx, record.host, error, facts.phase_lags)
         if error is not None:
@@ -333,11 +332,8 @@ class Emitter:
         emit_spans = self.phase_spans and span.is_recording()
         fast_parent = writer.fast_path(span) if emit_spans else None
         failed = timeline.failed_phase if error is not None else None
-        for phase in _PHASES:
-            bounds = timeline.bounds_of(phase)
-            if bounds is None:
-                continue
-            start, end = bounds
+        to_epoch = timeline.epoch_start_ns - timeline.start_ns
+        for phase, start, end in timeline.windows():
             attributes = writer.attributes(phase, host)
             if phase in recorded:
                 record(attributes, (end - start) / 1e9, ctx)
@@ -347,21 +343,15 @@ class Emitter:
                 # On the span only: the metric keeps the shared, low-cardinality attributes.
                 attributes = {**attributes, semconv.EVENT_LOOP_LAG: lags[phase]}
             if fast_parent is not None and phase != failed:
-                writer.write(
-                    phase,
-                    attributes,
-                    fast_parent,
-                    timeline.to_epoch_ns(start),
-                    timeline.to_epoch_ns(end),
-                )
+                writer.write(phase, attributes, fast_parent, start + to_epoch, end + to_epoch)
                 continue
-            child = writer.start(phase, attributes, ctx, timeline.to_epoch_ns(start))
+            child = writer.start(phase, attributes, ctx, start + to_epoch)
             if error is not None and phase == failed:
                 kind = error_type(error)
                 child.set_attribute(semconv.ERROR_TYPE, kind)
                 record_exception(child, error)
                 child.set_status(Status(StatusCode.ERROR, kind))
-            child.end(timeline.to_epoch_ns(end))
+            child.end(end + to_epoch)
 
     def _known_method(self, method: str) -> str:
         """``method`` as the spans and metrics name it: unknown methods are "_OTHER", unless

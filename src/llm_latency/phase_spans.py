@@ -25,14 +25,15 @@ tracer's four, and only when the program has not turned it off
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanContext, SpanKind, Tracer
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Tracer
 
 from llm_latency import semconv
+from llm_latency.late_spans import LateSpan, StartListeners, start_late
 from llm_latency.timeline import PHASE_NAMES
 
 try:  # the SDK is a dependency, but the tracer in use may be another implementation's
@@ -83,10 +84,28 @@ class PhaseSpanWriter:
     def __init__(self, tracer: Tracer, *, fast_path: bool = True) -> None:
         self._tracer = tracer
         self._sdk = fast_path and direct_path_supported(tracer, _SDK_VERSION)
+        self._start_listeners = StartListeners(tracer)
         # host -> ``{llm_latency.phase, server.address}`` per phase, shared read-only by every
         # span and phase-duration measurement of that phase and host (span metrics and
         # dashboards filter phases by host).
         self._attributes: dict[str, tuple[Mapping[str, Any], ...]] = {}
+
+    def start_request(
+        self,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        links: Sequence[Link],
+        start_time: int,
+    ) -> Span:
+        """Start an attempt's request span: written at its end (:mod:`llm_latency.late_spans`)
+        on the direct path while no span processor acts at a span's start, else through the
+        tracer's ``start_span``."""
+        if self._sdk and not self._start_listeners.listening():
+            return start_late(self._tracer, name, kind, attributes, links, start_time)
+        return self._tracer.start_span(
+            name, kind=kind, attributes=attributes, links=links, start_time=start_time
+        )
 
     def attributes(self, phase: int, host: str) -> Mapping[str, Any]:
         """The attributes of a phase, for its span and its ``llm_latency.phase.duration``
@@ -142,6 +161,9 @@ class PhaseSpanWriter:
     def set_attributes(self, span: Span, attributes: dict[str, Any]) -> None:
         """Add ``attributes`` to a recording span, as ``span.set_attributes`` would. Their
         values must be as the SDK keeps them: str, bool, int, float, or tuples of those."""
+        if type(span) is LateSpan:
+            span.set_attributes(attributes)
+            return
         if self._sdk and isinstance(span, SdkSpan):
             sdk_span: Any = span
             kept = sdk_span._attributes

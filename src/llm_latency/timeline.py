@@ -41,11 +41,22 @@ PHASE_NAMES: Final[tuple[str, ...]] = (
     "receive",
 )
 
+_PHASE_INDEXES: Final = range(len(PHASE_NAMES))
+
 RawHeaders = Sequence[tuple[Any, Any]]
 
 #: The longest gaps between body chunks kept per attempt: each may hold a stall of the
 #: program's loop, taken out of the stream's longest gap (``llm_latency.stream.max_gap``).
 LONG_GAPS_KEPT: Final = 8
+
+
+def _clipped(start: int, end: int, closed: int) -> tuple[int, int]:
+    """A begun phase's window: an open one (``end`` 0) ends at the attempt's end (``closed``,
+    0 while it runs), and none reaches past it."""
+    end = end or closed or start
+    if closed:
+        start, end = min(start, closed), min(end, closed)
+    return start, max(end, start)
 
 
 def _length(window: tuple[int, int]) -> int:
@@ -175,13 +186,18 @@ class Timeline:
         thread ends the attempt, at uninstrument, records its instant after the end)."""
         i = 2 * phase
         start = self._bounds[i]
-        if not start:
-            return None
-        end = self._bounds[i + 1] or self.end_ns or start
+        return _clipped(start, self._bounds[i + 1], self.end_ns) if start else None
+
+    def windows(self) -> list[tuple[int, int, int]]:
+        """``(phase, start, end)`` of every phase that happened, in order: what
+        :meth:`bounds_of` gives each of them, in one pass (the emitter reads them all)."""
+        bounds = self._bounds
         closed = self.end_ns
-        if closed:
-            start, end = min(start, closed), min(end, closed)
-        return start, max(end, start)
+        return [
+            (phase, *_clipped(bounds[2 * phase], bounds[2 * phase + 1], closed))
+            for phase in _PHASE_INDEXES
+            if bounds[2 * phase]
+        ]
 
     @property
     def current_phase(self) -> int | None:
