@@ -228,6 +228,14 @@ def select_from_multidict(mapping: Any, wanted: frozenset[str]) -> list[tuple[st
     """The wanted ``(name, value)`` pairs of a multi-valued mapping with ``getlist``
     (urllib3's ``HTTPHeaderDict``): only the wanted names' values are read (its ``items()``
     joins and copies every header's)."""
+    container = getattr(mapping, "_container", None)
+    if type(container) is dict:  # urllib3's own: lower-case name -> [name as sent, *values]
+        return [
+            (entry[0], value)
+            for key, entry in container.items()
+            if key in wanted
+            for value in entry[1:]
+        ]
     return [
         (name, value)
         for name in mapping

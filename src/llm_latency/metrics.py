@@ -51,6 +51,9 @@ MAX_ANSWER_SETS: Final = 256
 #: Seconds a rate-limit remaining value is reported at most after the response that gave it.
 RATELIMIT_MAX_AGE = 300.0
 
+#: Each rate-limit remaining header's place in the provider profiles' order.
+_PROFILE_ORDER: Final = {name: i for i, name in enumerate(headers.RATELIMIT_REMAINING_HEADERS)}
+
 _ALL_TALLIES: weakref.WeakSet[_Tallies] = weakref.WeakSet()
 
 
@@ -287,8 +290,12 @@ class AttemptMetrics:
         if not found:
             return
         # In the order of the provider profiles, without a call per header that is absent.
-        for header in [h for h in headers.RATELIMIT_REMAINING_HEADERS if h in found]:
-            kind = headers.RATELIMIT_REMAINING_HEADERS[header]
+        kinds = headers.RATELIMIT_REMAINING_HEADERS
+        present = [h for h in found if h in kinds]
+        if len(present) > 1:
+            present.sort(key=_PROFILE_ORDER.__getitem__)
+        for header in present:
+            kind = kinds[header]
             remaining = headers.parse_number(found[header][0])
             if remaining is not None:
                 reset_header = headers.RATELIMIT_RESET_HEADERS[header]

@@ -193,11 +193,14 @@ class Timeline:
         :meth:`bounds_of` gives each of them, in one pass (the emitter reads them all)."""
         bounds = self._bounds
         closed = self.end_ns
-        return [
-            (phase, *_clipped(bounds[2 * phase], bounds[2 * phase + 1], closed))
-            for phase in _PHASE_INDEXES
-            if bounds[2 * phase]
-        ]
+        found = []
+        for phase, start, end in zip(_PHASE_INDEXES, bounds[0::2], bounds[1::2], strict=True):
+            if start:  # _clipped, inline: the emitter reads every phase of every attempt
+                end = end or closed or start
+                if closed:
+                    start, end = min(start, closed), min(end, closed)
+                found.append((phase, start, max(end, start)))
+        return found
 
     @property
     def current_phase(self) -> int | None:
