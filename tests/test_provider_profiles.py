@@ -135,6 +135,15 @@ def test_a_multidicts_wanted_headers_every_value_in_order() -> None:
     assert pairs == [("X-Request-Id", "req_1"), ("X-Request-Id", "req_2"), ("Retry-After", "1")]
     assert headers.select(pairs, wanted) == headers.select(list(received.items()), wanted)
 
+    class OtherMultidict(dict[str, list[str]]):
+        """A multi-valued mapping with ``getlist`` and no urllib3 store."""
+
+        def getlist(self, name: str) -> list[str]:
+            return self[name]
+
+    other = OtherMultidict({"X-Request-Id": ["req_1", "req_2"], "Retry-After": ["1"]})
+    assert headers.select_from_multidict(other, wanted) == pairs
+
 
 def test_reset_as_duration_or_as_anthropics_timestamp() -> None:
     assert headers.parse_reset("6m0s") == 360.0
