@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import fields
 from typing import Any
 
 import aiohttp
@@ -19,7 +20,9 @@ import pytest
 import requests
 from opentelemetry.sdk.trace import ReadableSpan
 
+from llm_latency.emitter import _USAGE_ATTRIBUTES
 from llm_latency.testing import Profile, RunningServer, running
+from llm_latency.usage import Usage
 from tests.checks import EARLY
 from tests.conftest import Telemetry
 
@@ -311,3 +314,7 @@ async def test_queueing_shows_in_the_time_to_first_token_not_in_the_decode(
         assert answer["gen_ai.usage.output_tokens"] == tokens
         decode = answer["llm_latency.time_per_output_token"] * (tokens - 1)
         assert decode >= (tokens - 1) * GAP - RESOLUTION
+
+
+def test_every_usage_field_has_its_span_attribute() -> None:
+    assert set(_USAGE_ATTRIBUTES) == {field.name for field in fields(Usage)}

@@ -370,43 +370,46 @@ class Emitter:
             _logger.exception("llm-latency: internal error in %s (logged once)", what)
 
 
-#: The span attributes of a :class:`~llm_latency.usage.Usage`, and its fields they show.
-_USAGE_ATTRIBUTES: Final = (
-    (semconv.GEN_AI_RESPONSE_MODEL, "model"),
-    (semconv.GEN_AI_USAGE_INPUT_TOKENS, "input_tokens"),
-    (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, "output_tokens"),
-    (semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "cache_read_tokens"),
-    (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, "reasoning_tokens"),
-    (semconv.SERVER_QUEUE_TIME, "queue_time"),
-    (semconv.SERVER_PREFILL_TIME, "prefill_time"),
-    (semconv.SERVER_DECODE_TIME, "decode_time"),
-    (semconv.SERVER_GATEWAY_OVERHEAD, "gateway_overhead"),
-)
+#: The span attribute of each field of a :class:`~llm_latency.usage.Usage`.
+_USAGE_ATTRIBUTES: Final = {
+    "input_tokens": semconv.GEN_AI_USAGE_INPUT_TOKENS,
+    "output_tokens": semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+    "cache_read_tokens": semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+    "reasoning_tokens": semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+    "model": semconv.GEN_AI_RESPONSE_MODEL,
+    "queue_time": semconv.SERVER_QUEUE_TIME,
+    "prefill_time": semconv.SERVER_PREFILL_TIME,
+    "decode_time": semconv.SERVER_DECODE_TIME,
+    "gateway_overhead": semconv.SERVER_GATEWAY_OVERHEAD,
+}
 
 
 def token_attributes(record: AttemptRecord, facts: AttemptFacts) -> dict[str, Any]:
     """The GenAI and token attributes of an attempt that carried an LLM answer: on its request
     span, and on its logical call's span."""
-    attributes: dict[str, Any] = {}
     usage = facts.usage
+    attributes: dict[str, Any] = (
+        {}
+        if usage is None
+        else {
+            _USAGE_ATTRIBUTES[field]: value
+            for field, value in vars(usage).items()
+            if value is not None
+        }
+    )
     provider = providers.provider_name(record.host, record.route_owner)
     if provider is not None:
         attributes[semconv.GEN_AI_PROVIDER_NAME] = provider
-    if usage is not None:
-        said = vars(usage)
-        for name, field in _USAGE_ATTRIBUTES:
-            value = said[field]
-            if value is not None:
-                attributes[name] = value
     if facts.usage_unknown:
         attributes[semconv.USAGE_UNKNOWN] = True
-    for name, seconds in (
-        (semconv.TIME_TO_FIRST_TOKEN, facts.time_to_first_token),
-        (semconv.TIME_PER_OUTPUT_TOKEN, facts.time_per_output_token),
-        (semconv.SERVER_TIME_PER_OUTPUT_TOKEN_MAX, facts.server_time_per_output_token_max),
-    ):
-        if seconds is not None:
-            attributes[name] = seconds
+    if facts.time_to_first_token is not None:
+        attributes[semconv.TIME_TO_FIRST_TOKEN] = facts.time_to_first_token
+    if facts.time_per_output_token is not None:
+        attributes[semconv.TIME_PER_OUTPUT_TOKEN] = facts.time_per_output_token
+    if facts.server_time_per_output_token_max is not None:
+        attributes[semconv.SERVER_TIME_PER_OUTPUT_TOKEN_MAX] = (
+            facts.server_time_per_output_token_max
+        )
     return attributes
 
 

@@ -48,6 +48,8 @@ from llm_latency.emitter import Emitter
 from llm_latency.headers import select_from_multidict
 from llm_latency.timeline import RECEIVE, Timeline
 
+#: ``network.protocol.version`` of urllib3's ``version`` numbers.
+_VERSIONS: Final = {10: "1.0", 11: "1.1", 20: "2"}
 #: The one attribute llm-latency sets on a response: its attempt.
 ATTEMPT: Final = "_llm_latency_attempt"
 
@@ -123,13 +125,15 @@ def response_begins(resp: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     resp.__dict__[ATTEMPT] = attempt  # first: from here on, the response's end ends it
     timeline = attempt.timeline
     timeline.advance(RECEIVE)
-    status = argument(args, kwargs, 2, "status")
+    # HTTPResponse(body, headers, status, version, ...), by position or by name
+    given = len(args)
+    status = args[2] if given > 2 else kwargs.get("status")
     if isinstance(status, int) and status:
         timeline.status_code = status
-    version = argument(args, kwargs, 3, "version")
-    if version in (10, 11, 20):
-        timeline.protocol_version = {10: "1.0", 11: "1.1", 20: "2"}[version]
-    headers = argument(args, kwargs, 1, "headers")
+    version = args[3] if given > 3 else kwargs.get("version")
+    if version in _VERSIONS:
+        timeline.protocol_version = _VERSIONS[version]
+    headers = args[1] if given > 1 else kwargs.get("headers")
     if headers is not None:
         timeline.response_headers = (
             select_from_multidict(headers, attempt.emitter.captured_headers)
