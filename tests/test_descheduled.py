@@ -5,8 +5,9 @@ mock-server`` (its own process, on CPU 1, answering after 0.3 s), and then a hel
 CPU 0 runs at real-time priority (``SCHED_FIFO``) for 0.4 s: the loop's thread is runnable but
 gets no CPU, as on a node whose noisy neighbours take the cores. The answers wait in the socket
 buffers meanwhile. The kernel counts that wait (``/proc/thread-self/schedstat``): the product
-leaves it out of ``llm_latency.event_loop.lag``, reports it as
-``llm_latency.event_loop.descheduled``, and ``diagnose()`` does not blame the program's loop.
+leaves it out of ``llm_latency.event_loop.lag`` and out of ``llm_latency.network_overhead``,
+reports it as ``llm_latency.event_loop.descheduled``, and ``diagnose()`` blames neither the
+program's loop nor the network.
 
 Every bound is a share of the injected starvation.
 """
@@ -33,6 +34,7 @@ REQUESTS = 10
 STARVED = 0.4
 LAG = "llm_latency.event_loop.lag"
 DESCHEDULED = "llm_latency.event_loop.descheduled"
+OVERHEAD = "llm_latency.network_overhead"
 
 #: Waits on CPU 0 for a line, then spins at real-time priority there for STARVED seconds.
 BURNER = """
@@ -101,6 +103,11 @@ def test_a_loop_without_a_cpu_is_the_machines_wait_not_the_programs_lag(
         assert descheduled >= (STARVED - 0.2) / 2, attributes
         # The program itself did little: what is left as its lag is not the starvation.
         assert lag < STARVED / 4, attributes
+        # Nor is the network's: the send-to-first-byte window less the server's time was the
+        # starvation after the answers came, and the overhead keeps at most a quarter of it.
+        overhead = attributes.get(OVERHEAD)
+        assert isinstance(overhead, float) and 0 <= overhead < (STARVED - 0.2) / 4, attributes
     rules = [finding.rule for finding in llm_latency.diagnose(telemetry.spans())]
     assert "event-loop-lag" not in rules
+    assert "network-overhead" not in rules
     assert "short-of-cpu" in rules  # the machine's, said as such

@@ -232,21 +232,37 @@ async def test_server_time_dominates(telemetry: Telemetry, server: LLMServer) ->
     assert "network-overhead" not in rules_found(findings)
 
 
+#: A run the machine kept the test's loop from a CPU for this long (s), a tenth of the 0.2 s
+#: injected, or more, and that missed, runs again (up to three times).
+OVERHEAD_DISTURBED = 0.02
+
+
 async def test_network_overhead(telemetry: Telemetry, server: LLMServer) -> None:
-    """A server that took 0.3 s to answer but reports 0.1 s: 0.2 s the network and edge's."""
-    await run(3, server.url(wait=0.3, **{"header_openai-processing-ms": "100"}))
-    findings = diagnose(telemetry.spans())
+    """A server that took 0.3 s to answer but reports 0.1 s: 0.2 s the network and edge's.
+
+    The server runs on the test's own loop: on a loaded machine that kept the loop's thread
+    from a CPU, it answers late and the answer is read late, and that time is the machine's
+    (``llm_latency.event_loop.descheduled``), not the network's. A run that misses while the
+    machine did that runs again; a miss in a run it left alone fails at once."""
+    for _ in range(3):
+        telemetry.exporter.clear()
+        await run(3, server.url(wait=0.3, **{"header_openai-processing-ms": "100"}))
+        findings = diagnose(telemetry.spans())
+        # The 0.2 s the server held back, less what the loop's lateness in the window took of
+        # it (the program's lag, the machine's wait for a CPU: a loaded machine's): the
+        # overhead, the lag and the wait together are at least the 0.2 s.
+        attempts = [a for call in _calls(telemetry) for a in call.attempts]
+        for attempt in attempts:
+            assert attempt.network_overhead is not None
+            lag, descheduled = attempt.event_loop_lag or 0.0, attempt.descheduled or 0.0
+            assert attempt.network_overhead + lag + descheduled > 0.19
+            assert attempt.network_overhead < 0.25 + lag
+        overheads = [f.evidence.p50 for f in findings if f.rule == "network-overhead"]
+        if overheads and overheads[0] > 0.1:
+            break
+        if max(a.descheduled or 0.0 for a in attempts) < OVERHEAD_DISTURBED:
+            break
     found = finding(findings, "network-overhead")
-    # The 0.2 s the server held back, less what the loop's own lag in the wait took of it (a
-    # loaded machine's): the overhead and the lag together are the 0.2 s.
-    attempts = [a for call in _calls(telemetry) for a in call.attempts]
-    for attempt in attempts:
-        assert attempt.network_overhead is not None
-        assert (
-            0.19
-            < attempt.network_overhead + (attempt.event_loop_lag or 0.0)
-            < 0.25 + (attempt.event_loop_lag or 0.0)
-        )
     assert found.evidence.p50 > 0.1
     assert found.saving is not None and found.saving.requests == 3
     assert "probe URL1 URL2" in found.fix

@@ -115,3 +115,30 @@ def test_the_streams_longest_gap_leaves_out_the_loops_lag() -> None:
     # When every kept gap was the loop's, the gaps not kept are no longer than the floor.
     timeline.gap_floor_ns = 20 * MS
     assert provider_max_gap(timeline, [310 * MS, 30 * MS, 15 * MS]) == 20 * MS
+
+
+def test_the_machines_wait_in_the_window_is_not_network_overhead() -> None:
+    """The loop's thread waited 40 ms for a CPU at the end of the wait (another process had
+    the core) and the loop was busy 10 ms with the program: of the 70 ms the server does not
+    account for, 20 ms are the network's. The machine's wait is in no phase's lag."""
+    lag = LoopLag(lags(wait=0.01).phases, descheduled=0.05, waited=lags(wait=0.04).phases)
+    facts = read_facts(attempt(), lag, WANTED)
+    assert facts.network_overhead is not None and abs(facts.network_overhead - 0.02) < 1e-9
+    assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.01) < 1e-9
+    assert facts.descheduled == 0.05  # the attempt's whole wait, as measured
+
+
+def test_the_machines_wait_never_takes_the_servers_time() -> None:
+    """A wait for a CPU longer than what the server's 250 ms leave of the 320 ms window: the
+    overhead is 0, never negative, and the program keeps its lag (charged first)."""
+    lag = LoopLag(lags(wait=0.03).phases, descheduled=0.2, waited=lags(send=0.01, wait=0.19).phases)
+    facts = read_facts(attempt(), lag, WANTED)
+    assert facts.network_overhead is not None and abs(facts.network_overhead) < 1e-9
+    assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.03) < 1e-9
+
+
+def test_the_machines_wait_outside_the_window_stays_in_the_overhead() -> None:
+    """A wait for a CPU that delayed the connect's end, before the window: not the window's."""
+    lag = LoopLag(lags().phases, descheduled=0.1, waited=lags(connect=0.1).phases)
+    facts = read_facts(attempt(), lag, WANTED)
+    assert facts.network_overhead is not None and abs(facts.network_overhead - 0.07) < 1e-9

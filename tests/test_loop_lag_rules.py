@@ -1,15 +1,21 @@
 """The event-loop monitor's charging rules, on busy stretches and windows the test writes down
-(no loop runs, no clock is read for them): what a stall in the middle of a stream is charged."""
+(no loop runs, no clock is read for them): what a stall in the middle of a stream is charged,
+and what the machine's share of a stretch (the loop's thread waiting for a CPU) is kept as."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
+from llm_latency.attempt_record import AttemptRecord
+from llm_latency.emitter import Emitter
 from llm_latency.event_loop import SETTLE_NS, LoopLagMonitor
-from llm_latency.timeline import PHASE_NAMES, RECEIVE, WAIT
+from llm_latency.facts import read_facts
+from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 
 MS = 1_000_000
 #: An attempt: waits 0-100 ms, receives 100-900 ms.
@@ -74,3 +80,49 @@ def test_the_share_of_a_stretch_without_a_cpu_is_the_machines(monitor: LoopLagMo
     assert delays.arrivals == [29 * MS]
     assert delays.phases[RECEIVE] == 29 * MS
     assert delays.descheduled == 261 * MS
+
+
+def test_the_machines_share_is_kept_per_phase(monitor: LoopLagMonitor) -> None:
+    """The loop ran late 60-100 ms, its thread waiting for a CPU three quarters of that time,
+    and the wait ended at 100 ms: the wait's delay is the program's quarter, and the machine's
+    three quarters are kept as the wait's own (the network overhead leaves them out), in the
+    attempt's ``descheduled`` too; the receive, which ended long after, has none."""
+    monitor.busy.append((60 * MS, 100 * MS, 0.75))
+    delays = monitor.phase_delays(PHASES.get, len(PHASE_NAMES))
+    assert delays is not None
+    assert delays.phases[WAIT] == 10 * MS
+    assert len(delays.waited) == len(PHASE_NAMES)
+    assert delays.waited[WAIT] == 30 * MS
+    assert sum(delays.waited) == delays.descheduled == 30 * MS
+
+
+def test_the_machines_share_of_the_wait_is_not_network_overhead(monitor: LoopLagMonitor) -> None:
+    """From the monitor's stretches to the request span's facts, as the emitter hands them
+    over: sent at 0-20 ms, first byte at 320 ms, the server's 250 ms; the loop ran late the
+    last 60 ms of the wait, its thread waiting for a CPU for 50 of them. The 70 ms the server
+    does not account for are 10 ms of the program's lag, 50 ms of the machine's and 10 ms of
+    the network's."""
+    timeline = answered(processing_ms=250)
+    t0 = timeline.start_ns
+    monitor.busy.append((t0 + 260 * MS, t0 + 320 * MS, 5 / 6))
+    record = cast(AttemptRecord, SimpleNamespace(loop_monitor=monitor, timeline=timeline))
+    lag = Emitter._loop_lag(record)
+    facts = read_facts(timeline, lag, frozenset({"openai-processing-ms"}))
+    assert facts.server_processing == 0.25
+    assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.01) < 1e-6
+    assert abs(facts.descheduled - 0.05) < 1e-6
+    assert facts.network_overhead is not None and abs(facts.network_overhead - 0.01) < 1e-6
+
+
+def answered(processing_ms: int) -> Timeline:
+    """Sent at 0-20 ms, first byte at 320 ms, last byte at 400 ms (stamps from the start)."""
+    timeline = Timeline("POST", "http://api.llm.test/v1/chat/completions")
+    t0 = timeline.start_ns
+    timeline.begin(SEND, at=t0)
+    timeline.begin(WAIT, at=t0 + 20 * MS)
+    timeline.end_phase(WAIT, at=t0 + 320 * MS)
+    timeline.begin(RECEIVE, at=t0 + 320 * MS)
+    timeline.status_code = 200
+    timeline.response_headers = [(b"openai-processing-ms", str(processing_ms).encode())]
+    timeline.close(at=t0 + 400 * MS)
+    return timeline

@@ -41,8 +41,10 @@ What it can say, and what it cannot:
   CPU limit) was not busy with the program's code: each late tick reads how long the loop's
   thread waited on the kernel's run queue since the tick was scheduled
   (:mod:`llm_latency.cpu_wait`), and that share of the stretch is the machine's. It is in no
-  phase's lag; the attempt counts it apart, as ``descheduled``. A process stopped by a signal
-  is not waiting for a CPU: that stays the program's lag.
+  phase's lag; each phase keeps its own machine's share apart (``Delays.waited``: the
+  network overhead leaves out the send's and the wait's), and the attempt counts the whole of
+  it as ``descheduled``. A process stopped by a signal is not waiting for a CPU: that stays
+  the program's lag.
 - Sync clients (requests, sync httpx) in threads have no loop to watch: a thread that waits for
   the GIL held by other threads is delayed the same way, and that is not measured.
 """
@@ -80,11 +82,14 @@ Stretch = tuple[int, int, float]
 
 class Delays(NamedTuple):
     """How long (ns) a busy loop delayed an attempt: per phase, and per arrival window; and how
-    long its thread waited for a CPU meanwhile (the machine's share, in no phase's delay)."""
+    long its thread waited for a CPU meanwhile (the machine's share, in no phase's delay): in
+    all, and the part of it that delayed each phase's end (``waited``, indexed like
+    ``phases``)."""
 
     phases: list[int]
     arrivals: list[int]
     descheduled: int = 0
+    waited: Sequence[int] = ()
 
 
 _monitors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagMonitor] = (
@@ -166,10 +171,10 @@ class LoopLagMonitor:
         is charged the union of its own charge and theirs.
 
         The share of a late stretch that the loop's thread spent waiting for a CPU
-        (:mod:`llm_latency.cpu_wait`) is the machine's: it is in no phase's delay, and the
-        machine's shares of the charged stretches add up to ``descheduled``. None when the
-        loop was never late: nothing was delayed (the usual case, kept cheap: no window is
-        read)."""
+        (:mod:`llm_latency.cpu_wait`) is the machine's: it is in no phase's delay; each
+        phase's is kept apart (``waited``), and the machine's shares of the charged stretches
+        add up to ``descheduled``. None when the loop was never late: nothing was delayed (the
+        usual case, kept cheap: no window is read)."""
         self._in_flight -= 1
         now = clock_ns()
         late = self._handle is not None and now - self._due_ns > LATE_NS
@@ -180,11 +185,13 @@ class LoopLagMonitor:
         arrivals = arrivals_of()
         delays: list[int] = []
         arrived: list[int] = []
+        waits: list[int] = []  # the machine's share of each phase's delay
         machine = 0
         try:
             for window in windows:
                 program, waited = (0, 0) if window is None else self._delay_of(window, pending)
                 delays.append(program)
+                waits.append(waited)
                 machine += waited
             queue = windows[QUEUE] if phases > QUEUE else None
             if queue is not None:
@@ -201,11 +208,12 @@ class LoopLagMonitor:
                 machine += sum(waited for _, waited in charges)
         except RuntimeError:  # ended from another thread while the loop recorded one
             delays += [0] * (phases - len(delays))
+            waits += [0] * (phases - len(waits))
             arrived += [0] * (len(arrivals) - len(arrived))
         lag = sum(delays)
         if lag:
             self.delayed_ends.append((now, lag))
-        return Delays(delays, arrived or [0] * len(arrivals), machine)
+        return Delays(delays, arrived or [0] * len(arrivals), machine, waits)
 
     def _handed_on(self, queue: tuple[int, int]) -> int:
         """The lag of the delayed attempt that ended last before ``queue`` did (within

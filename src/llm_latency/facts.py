@@ -32,11 +32,14 @@ def send_to_first_byte(timeline: Timeline) -> float | None:
 class LoopLag(NamedTuple):
     """How long an attempt's busy event loop delayed it: per phase (s, indexed like
     ``PHASE_NAMES``), and per gap of ``Timeline.long_gaps`` (ns, in its order); and how long
-    the loop's thread waited for a CPU while the attempt was in flight (s)."""
+    the loop's thread waited for a CPU while the attempt was in flight (s): in all
+    (``descheduled``), and the part of it that delayed each phase's end (``waited``, s,
+    indexed like ``PHASE_NAMES``; empty when none did)."""
 
     phases: Sequence[float]
     gaps: Sequence[int] = ()
     descheduled: float = 0.0
+    waited: Sequence[float] = ()
 
 
 def provider_max_gap(timeline: Timeline, gap_lags: Sequence[int]) -> int:
@@ -61,7 +64,8 @@ class AttemptFacts:
     error_type: str | None
     failed_phase: str | None
     server_processing: float | None
-    #: Send-to-first-byte window less the server's time and the loop lag charged to it.
+    #: Send-to-first-byte window less the server's time, the loop lag charged to it and the
+    #: loop thread's wait for a CPU that delayed its phases' ends.
     network_overhead: float | None
     #: Lag charged to the whole attempt: the sum of ``phase_lags``.
     event_loop_lag: float | None
@@ -128,21 +132,28 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
     lag_total: float | None = None
     phase_lags: list[float] | None = None
     window_lag = 0.0  # the lag in the send-to-first-byte window: the one the overhead excludes
+    window_waited = 0.0  # the machine's share of the loop's delay in that window
     if lag is not None:
         phase_lags = list(lag.phases)
         send_lag, wait_lag = phase_lags[SEND], phase_lags[WAIT]
         window_lag = send_lag + wait_lag
+        if lag.waited:
+            window_waited = lag.waited[SEND] + lag.waited[WAIT]
         if processing is not None and window is not None:
             # The response cannot have come before the server's processing was done: the loop
             # delayed it by no more than what the processing time leaves of the window (the
-            # wait keeps its share of that first: the server's time ends in it).
-            window_lag = min(window_lag, max(window - processing, 0.0))
+            # wait keeps its share of that first: the server's time ends in it). The program's
+            # share is charged first, as it was before the machine's was told apart; the
+            # machine's takes what is left, so the overhead is never made negative.
+            left = max(window - processing, 0.0)
+            window_lag = min(window_lag, left)
+            window_waited = min(window_waited, left - window_lag)
             phase_lags[WAIT] = min(wait_lag, window_lag)
             phase_lags[SEND] = window_lag - phase_lags[WAIT]
         lag_total = sum(phase_lags)
     overhead = None
     if processing is not None and window is not None:
-        overhead = window - processing - window_lag
+        overhead = window - processing - window_lag - window_waited
 
     first_chunk = events = max_gap = None
     if timeline.stream is not None and timeline.first_chunk_ns:
