@@ -209,8 +209,9 @@ class Emitter:
     @staticmethod
     def _loop_lag(record: AttemptRecord) -> LoopLag | None:
         """How long the attempt's busy event loop delayed the end of each of its phases and of
-        each of its stream's longest gaps; None for an attempt not on a loop. Once per
-        attempt."""
+        each of its stream's longest gaps, and how long its thread waited for a CPU (in all,
+        and the part that delayed each phase's end); None for an attempt not on a loop. Once
+        per attempt."""
         monitor = record.loop_monitor
         if monitor is None:
             return None
@@ -221,7 +222,9 @@ class Emitter:
             return _NO_LAG
         gaps = delays.arrivals[: len(timeline.long_gaps)]
         phases = [delay / 1e9 for delay in delays.phases]
-        return LoopLag(phases, gaps, delays.descheduled / 1e9)
+        descheduled = delays.descheduled
+        waited = [wait / 1e9 for wait in delays.waited] if descheduled else ()
+        return LoopLag(phases, gaps, descheduled / 1e9, waited)
 
     def _attempt_ends(
         self, record: AttemptRecord, reason: str | None, retry_after: float | None
