@@ -31,7 +31,7 @@ async def test_a_forked_child_starts_without_the_parents_loop_monitors() -> None
     _, status = await asyncio.to_thread(os.waitpid, pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert event_loop.monitor_of_running_loop() is monitor  # the parent keeps its own
-    monitor.phase_delays(lambda phase: None, 0)  # its attempt ends
+    monitor.phase_delays((), 0)  # its attempt ends
 
 
 def test_each_loop_has_a_monitor_of_its_own() -> None:

@@ -20,6 +20,8 @@ from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 MS = 1_000_000
 #: An attempt: waits 0-100 ms, receives 100-900 ms.
 PHASES = {WAIT: (0, 100 * MS), RECEIVE: (100 * MS, 900 * MS)}
+#: The same, as ``Timeline.windows`` gives them to the monitor.
+WINDOWS = [(phase, start, end) for phase, (start, end) in sorted(PHASES.items())]
 
 
 @pytest.fixture
@@ -34,7 +36,7 @@ def monitor() -> Iterator[LoopLagMonitor]:
 
 
 def charged(monitor: LoopLagMonitor, arrivals: list[tuple[int, int]]) -> tuple[int, list[int]]:
-    delays = monitor.phase_delays(PHASES.get, len(PHASE_NAMES), lambda: arrivals)
+    delays = monitor.phase_delays(WINDOWS, len(PHASE_NAMES), lambda: arrivals)
     assert delays is not None
     assert delays.descheduled == 0  # every stretch here is the program's
     return delays.phases[RECEIVE], delays.arrivals
@@ -75,7 +77,7 @@ def test_the_share_of_a_stretch_without_a_cpu_is_the_machines(monitor: LoopLagMo
     """The loop ran late 310-600 ms, its thread waiting for a CPU 90 % of that time (another
     process had the core): the gap's delay is the machine's but for a tenth of it."""
     monitor.busy.append((310 * MS, 600 * MS, 0.9))
-    delays = monitor.phase_delays(PHASES.get, len(PHASE_NAMES), lambda: [(300 * MS, 600 * MS)])
+    delays = monitor.phase_delays(WINDOWS, len(PHASE_NAMES), lambda: [(300 * MS, 600 * MS)])
     assert delays is not None
     assert delays.arrivals == [29 * MS]
     assert delays.phases[RECEIVE] == 29 * MS
@@ -88,7 +90,7 @@ def test_the_machines_share_is_kept_per_phase(monitor: LoopLagMonitor) -> None:
     three quarters are kept as the wait's own (the network overhead leaves them out), in the
     attempt's ``descheduled`` too; the receive, which ended long after, has none."""
     monitor.busy.append((60 * MS, 100 * MS, 0.75))
-    delays = monitor.phase_delays(PHASES.get, len(PHASE_NAMES))
+    delays = monitor.phase_delays(WINDOWS, len(PHASE_NAMES))
     assert delays is not None
     assert delays.phases[WAIT] == 10 * MS
     assert len(delays.waited) == len(PHASE_NAMES)
@@ -106,7 +108,7 @@ def test_the_machines_share_of_the_wait_is_not_network_overhead(monitor: LoopLag
     t0 = timeline.start_ns
     monitor.busy.append((t0 + 260 * MS, t0 + 320 * MS, 5 / 6))
     record = cast(AttemptRecord, SimpleNamespace(loop_monitor=monitor, timeline=timeline))
-    lag = Emitter._loop_lag(record)
+    lag = Emitter._loop_lag(record, timeline.windows())
     facts = read_facts(timeline, lag, frozenset({"openai-processing-ms"}))
     assert facts.server_processing == 0.25
     assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.01) < 1e-6

@@ -8,7 +8,18 @@ from __future__ import annotations
 import time
 from unittest.mock import patch
 
-from llm_latency.timeline import LONG_GAPS_KEPT, RECEIVE, SEND, WAIT, Timeline
+from llm_latency.timeline import (
+    CONNECT,
+    DNS,
+    LONG_GAPS_KEPT,
+    PHASE_NAMES,
+    QUEUE,
+    RECEIVE,
+    SEND,
+    TLS,
+    WAIT,
+    Timeline,
+)
 
 
 def test_a_phase_never_ends_before_it_began() -> None:
@@ -66,3 +77,29 @@ def chunk_at(attempt: Timeline, at: int) -> None:
     """``attempt.chunk`` as if it ran at ``at`` (perf_counter_ns)."""
     with patch("llm_latency.timeline.clock_ns", return_value=at):
         attempt.chunk(b"data: {}\n\n")
+
+
+def test_windows_are_the_bounds_of_every_phase_that_happened() -> None:
+    """``windows()`` (what the emitter and the loop monitor read) is ``bounds_of`` of each phase
+    that happened, in order, whichever way a phase was stamped: begun, resumed, ended without a
+    begin, discarded, still open at the end, or stamped after the end."""
+    attempt = Timeline("POST", "http://llm.test/v1/chat/completions")
+    now = attempt.start_ns
+
+    def every_phase() -> list[tuple[int, int, int]]:
+        found = [(phase, attempt.bounds_of(phase)) for phase in range(len(PHASE_NAMES))]
+        return [(phase, *bounds) for phase, bounds in found if bounds is not None]
+
+    attempt.begin(QUEUE, at=now + 1)
+    attempt.end_phase(QUEUE, at=now + 2)
+    attempt.begin(DNS, at=now + 2)
+    attempt.discard(DNS)
+    attempt.end_phase(CONNECT, at=now + 5)  # never begun: starts where it ends
+    attempt.resume(TLS)
+    attempt.begin(SEND, at=now + 7)
+    assert attempt.windows() == every_phase()
+    assert [phase for phase, _, _ in attempt.windows()] == [QUEUE, CONNECT, TLS, SEND]
+    attempt.close(at=now + 6)  # the send still open, stamped after the end: clipped to it
+    attempt.end_phase(WAIT, at=now + 9)
+    assert attempt.windows() == every_phase()
+    assert attempt.windows()[-1] == (WAIT, now + 6, now + 6)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, Final
 
 from opentelemetry import propagate
@@ -179,12 +179,13 @@ class Emitter:
                 return
             record = self._open.pop(timeline, None)
             if record is not None:
-                self._emit(record, self._loop_lag(record))
+                windows = timeline.windows()
+                self._emit(record, self._loop_lag(record, windows), windows)
         except Exception:  # never break the host program
             self.failed_once("emitting an attempt")
             if record is not None:
                 try:
-                    self._loop_lag(record)
+                    self._loop_lag(record, timeline.windows())
                     if record.span.is_recording():
                         record.span.end(timeline.to_epoch_ns(timeline.end_ns))
                     self._attempt_ends(record, None, None)
@@ -207,7 +208,7 @@ class Emitter:
         self.finish(timeline)
 
     @staticmethod
-    def _loop_lag(record: AttemptRecord) -> LoopLag | None:
+    def _loop_lag(record: AttemptRecord, windows: Sequence[tuple[int, int, int]]) -> LoopLag | None:
         """How long the attempt's busy event loop delayed the end of each of its phases and of
         each of its stream's longest gaps, and how long its thread waited for a CPU (in all,
         and the part that delayed each phase's end); None for an attempt not on a loop. Once
@@ -217,7 +218,7 @@ class Emitter:
             return None
         record.loop_monitor = None
         timeline = record.timeline
-        delays = monitor.phase_delays(timeline.bounds_of, len(PHASE_NAMES), timeline.arrivals)
+        delays = monitor.phase_delays(windows, len(PHASE_NAMES), timeline.arrivals)
         if delays is None:
             return _NO_LAG
         gaps = delays.arrivals[: len(timeline.long_gaps)]
@@ -253,7 +254,12 @@ class Emitter:
                 continue
         return []
 
-    def _emit(self, record: AttemptRecord, lag: LoopLag | None) -> None:
+    def _emit(
+        self,
+        record: AttemptRecord,
+        lag: LoopLag | None,
+        windows: Sequence[tuple[int, int, int]],
+    ) -> None:
         timeline, span = record.timeline, record.span
         facts = read_facts(timeline, lag, self.captured_headers)
         attributes = self._attributes(record, facts)
@@ -266,7 +272,7 @@ class Emitter:
         self._phase_writer.set_attributes(span, attributes)
         ctx = record.context
         error = timeline.error
-        self._emit_phases(timeline, span, ctx, record.host, error, facts.phase_lags)
+        self._emit_phases(timeline, windows, span, ctx, record.host, error, facts.phase_lags)
         if error is not None:
             if timeline.failed_phase is None or not self.phase_spans:
                 record_exception(span, error)
@@ -323,6 +329,7 @@ class Emitter:
     def _emit_phases(
         self,
         timeline: Timeline,
+        windows: Sequence[tuple[int, int, int]],
         span: Span,
         ctx: Context,
         host: str,
@@ -336,7 +343,7 @@ class Emitter:
         fast_parent = writer.fast_path(span) if emit_spans else None
         failed = timeline.failed_phase if error is not None else None
         to_epoch = timeline.epoch_start_ns - timeline.start_ns
-        for phase, start, end in timeline.windows():
+        for phase, start, end in windows:
             attributes = writer.attributes(phase, host)
             if phase in recorded:
                 record(attributes, (end - start) / 1e9, ctx)

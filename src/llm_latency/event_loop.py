@@ -154,12 +154,13 @@ class LoopLagMonitor:
 
     def phase_delays(
         self,
-        bounds_of: Callable[[int], tuple[int, int] | None],
+        windows: Sequence[tuple[int, int, int]],
         phases: int,
         arrivals_of: Callable[[], Sequence[tuple[int, int]]] = tuple,
     ) -> Delays | None:
-        """An attempt ends: for each of its ``phases`` (``bounds_of(phase)`` gives its window,
-        as ``Timeline.bounds_of`` does), how long (ns) the busy loop delayed the phase's end.
+        """An attempt ends: for each of its ``phases`` (``windows`` holds ``(phase, start,
+        end)`` of those that happened, as ``Timeline.windows`` gives them), how long (ns) the
+        busy loop delayed the phase's end.
         That is the busy stretch the loop was in when the phase ended (the one in progress now
         included), from its start or the phase's, whichever is later: before it, the loop
         polled its sockets, so what the phase waited for had not arrived. A queue phase may be
@@ -181,24 +182,27 @@ class LoopLagMonitor:
         pending = self._pending(now) if late else None
         if pending is None and not self.busy:
             return None
-        windows = [bounds_of(phase) for phase in range(phases)]
         arrivals = arrivals_of()
-        delays: list[int] = []
-        arrived: list[int] = []
-        waits: list[int] = []  # the machine's share of each phase's delay
+        delays = [0] * phases
+        waits = [0] * phases  # the machine's share of each phase's delay
+        arrived = [0] * len(arrivals)
         machine = 0
         try:
-            for window in windows:
-                program, waited = (0, 0) if window is None else self._delay_of(window, pending)
-                delays.append(program)
-                waits.append(waited)
+            recent = self._recent(pending, min((start for _, start, _ in windows), default=now))
+            queue = receive = None
+            for phase, start, end in windows:
+                program, waited = self._delay_of(start, end, recent)
+                delays[phase] = program
+                waits[phase] = waited
                 machine += waited
-            queue = windows[QUEUE] if phases > QUEUE else None
+                if phase == QUEUE:
+                    queue = start, end
+                elif phase == RECEIVE:
+                    receive = start, end
             if queue is not None:
                 delays[QUEUE] = max(delays[QUEUE], self._handed_on(queue))
-            receive = windows[RECEIVE] if phases > RECEIVE else None
             if receive is not None and arrivals:
-                charges = [self._delay_of(window, pending) for window in arrivals]
+                charges = [self._delay_of(start, end, recent) for start, end in arrivals]
                 arrived = [program for program, _ in charges]
                 charged = [
                     (end - delay, end) for (_, end), delay in zip(arrivals, arrived, strict=True)
@@ -207,13 +211,23 @@ class LoopLagMonitor:
                 delays[RECEIVE] = _covered(charged, receive)
                 machine += sum(waited for _, waited in charges)
         except RuntimeError:  # ended from another thread while the loop recorded one
-            delays += [0] * (phases - len(delays))
-            waits += [0] * (phases - len(waits))
-            arrived += [0] * (len(arrivals) - len(arrived))
+            pass  # what was charged before stays, the rest is 0
         lag = sum(delays)
         if lag:
             self.delayed_ends.append((now, lag))
-        return Delays(delays, arrived or [0] * len(arrivals), machine, waits)
+        return Delays(delays, arrived, machine, waits)
+
+    def _recent(self, pending: Stretch | None, earliest: int) -> list[Stretch]:
+        """The late stretches an attempt whose first phase began at ``earliest`` may be
+        charged, newest first (the one in progress, ``pending``, first): back to the first
+        that ended before ``earliest``, where every phase's walk stops (no older one is
+        contiguous with a stretch inside the attempt, or it ends before the phase began)."""
+        recent = [] if pending is None else [pending]
+        for stretch in reversed(self.busy):
+            recent.append(stretch)
+            if stretch[1] < earliest:
+                break
+        return recent
 
     def _handed_on(self, queue: tuple[int, int]) -> int:
         """The lag of the delayed attempt that ended last before ``queue`` did (within
@@ -229,22 +243,22 @@ class LoopLagMonitor:
                 return min(delayed, end - start)
         return 0
 
-    def _delay_of(self, window: tuple[int, int], pending: Stretch | None) -> tuple[int, int]:
-        """How long the late loop delayed the end of the phase ``window`` (ns): the late
-        stretch its end came at the end of, within the phase, from the stretch's start to the
-        phase's end. Late ticks one interval apart are one stretch; the interval between two of
-        them counts as late only when the later tick was late by a whole interval or more (the
-        loop was saturated: it ran little but the tick). Ticks late by less, on a loop that
-        ran on time in between (a loaded machine that takes the process away for a moment),
-        count their lateness only. Returns the delay split in two: the program's share (its
-        busy loop) and the machine's (the loop's thread waiting for a CPU), each stretch's time
-        split by the share its tick measured."""
-        start, end = window
+    def _delay_of(self, start: int, end: int, recent: Sequence[Stretch]) -> tuple[int, int]:
+        """How long the late loop delayed the end of the phase from ``start`` to ``end`` (ns),
+        of the stretches ``recent`` (newest first): the late stretch its end came at the end
+        of, within the phase, from the stretch's start to the phase's end. Late ticks one
+        interval apart are one stretch; the interval between two of them counts as late only
+        when the later tick was late by a whole interval or more (the loop was saturated: it
+        ran little but the tick). Ticks late by less, on a loop that ran on time in between (a
+        loaded machine that takes the process away for a moment), count their lateness only.
+        Returns the delay split in two: the program's share (its busy loop) and the machine's
+        (the loop's thread waiting for a CPU), each stretch's time split by the share its tick
+        measured."""
         program = machine = 0.0
         newer = 0  # the start of the stretch after, in the same late stretch
         newer_share = 0.0
         saturated = False
-        for busy_start, busy_end, share in _newest_first(self.busy, pending):
+        for busy_start, busy_end, share in recent:
             if not newer:
                 if busy_start >= end:
                     continue  # after the phase
@@ -332,9 +346,3 @@ def _covered(intervals: Iterable[tuple[int, int]], within: tuple[int, int]) -> i
             covered += end - start
             reached = end
     return covered
-
-
-def _newest_first(busy: deque[Stretch], pending: Stretch | None) -> Iterable[Stretch]:
-    if pending is not None:
-        yield pending
-    yield from reversed(busy)

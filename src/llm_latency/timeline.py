@@ -41,7 +41,11 @@ PHASE_NAMES: Final[tuple[str, ...]] = (
     "receive",
 )
 
-_PHASE_INDEXES: Final = range(len(PHASE_NAMES))
+#: The phases of each set of them (a bit per phase), in order.
+_PHASES_IN: Final = tuple(
+    tuple(phase for phase in range(len(PHASE_NAMES)) if mask >> phase & 1)
+    for mask in range(1 << len(PHASE_NAMES))
+)
 
 RawHeaders = Sequence[tuple[Any, Any]]
 
@@ -67,6 +71,7 @@ class Timeline:
     """Phase boundaries and facts of one physical HTTP attempt."""
 
     __slots__ = (
+        "_begun",
         "_bounds",
         "_current",
         "body",
@@ -104,6 +109,7 @@ class Timeline:
         self.url = url
         # [start, end] per phase, flattened; 0 means "did not happen".
         self._bounds = [0] * (2 * len(PHASE_NAMES))
+        self._begun = 0  # a bit per phase whose start was stamped
         self._current = -1
         self.end_ns = 0
         self.ended = False
@@ -145,6 +151,7 @@ class Timeline:
     def begin(self, phase: int, at: int | None = None) -> None:
         """Mark the start of ``phase`` (now, unless ``at`` is given)."""
         self._bounds[2 * phase] = clock_ns() if at is None else at
+        self._begun |= 1 << phase
         self._current = phase
 
     def resume(self, phase: int) -> None:
@@ -152,6 +159,7 @@ class Timeline:
         i = 2 * phase
         if not self._bounds[i]:
             self._bounds[i] = clock_ns()
+            self._begun |= 1 << phase
         self._bounds[i + 1] = 0
         self._current = phase
 
@@ -161,6 +169,7 @@ class Timeline:
         i = 2 * phase
         if not self._bounds[i]:
             self._bounds[i] = end
+            self._begun |= 1 << phase
         self._bounds[i + 1] = end
         if self._current == phase:
             self._current = -1
@@ -177,6 +186,7 @@ class Timeline:
         """Forget a phase that was begun too early: it did not happen (yet)."""
         i = 2 * phase
         self._bounds[i] = self._bounds[i + 1] = 0
+        self._begun &= ~(1 << phase)
         if self._current == phase:
             self._current = -1
 
@@ -194,12 +204,15 @@ class Timeline:
         bounds = self._bounds
         closed = self.end_ns
         found = []
-        for phase, start, end in zip(_PHASE_INDEXES, bounds[0::2], bounds[1::2], strict=True):
-            if start:  # _clipped, inline: the emitter reads every phase of every attempt
-                end = end or closed or start
-                if closed:
-                    start, end = min(start, closed), min(end, closed)
-                found.append((phase, start, max(end, start)))
+        for phase in _PHASES_IN[self._begun]:
+            # _clipped, inline: the emitter reads every phase of every attempt
+            start = bounds[2 * phase]
+            if not start:
+                continue
+            end = bounds[2 * phase + 1] or closed or start
+            if closed:
+                start, end = min(start, closed), min(end, closed)
+            found.append((phase, start, max(end, start)))
         return found
 
     @property
