@@ -175,7 +175,9 @@ class PacedStream(_Listener):
     """Streams an OpenAI-style chat completion at a pace of its own, each request in a thread
     of its own (so a program that blocks its event loop does not delay it): the headers after
     ``headers_after`` s, the first event ``first_event_after`` s later, then ``events`` content
-    events ``interval`` s apart and ``data: [DONE]``, in HTTP/1.1 chunks."""
+    events ``interval`` s apart and ``data: [DONE]``, in HTTP/1.1 chunks. ``late``: the longest
+    time (s) a content event went out after its pace said (the server's own pause beyond
+    ``interval``: its thread kept from a CPU or from the GIL), over every stream served."""
 
     def __init__(
         self,
@@ -189,6 +191,7 @@ class PacedStream(_Listener):
         self.interval = interval
         self.headers_after = headers_after
         self.first_event_after = first_event_after
+        self.late = 0.0
         super().__init__("paced-stream")
 
     def url(self) -> str:
@@ -208,10 +211,16 @@ class PacedStream(_Listener):
             )
             conn.sendall(head)
             time.sleep(self.first_event_after)
+            sent = 0.0
             for i in range(self.events):
                 if i:
                     time.sleep(self.interval)
                 event = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
                 conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+                now = time.perf_counter()
+                if i:
+                    with self._lock:
+                        self.late = max(self.late, now - sent - self.interval)
+                sent = now
             done = b"data: [DONE]\n\n"
             conn.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
