@@ -31,6 +31,8 @@ class Proxy:
     port: int
     user: str | None = None
     password: str | None = None
+    #: tinyproxy's process (its threads serve the connections).
+    pid: int = 0
 
     @property
     def origin(self) -> str:
@@ -95,7 +97,8 @@ def tinyproxy(
         )
         try:
             _wait_listening(port, process, time.monotonic() + 10)
-            yield Proxy(port, *(auth or (None, None)))
+            user, password = auth or (None, None)
+            yield Proxy(port, user, password, process.pid)
         finally:
             process.terminate()
             try:

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 
 from llm_latency import console_exporter
 from llm_latency.console_exporter import LLMLatencyConsoleSpanExporter
+from tests.checks import refused_once
 from tests.command_line import mock_server
 from tests.conftest import Telemetry
 from tests.provider_api import ProviderServer, provider_server
@@ -87,10 +88,9 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
         second[6],
     ), second[6]
     assert [line.split()[0] for line in second[7:10]] == ["http.send", "http.wait", "http.receive"]
-    assert any(
-        line.startswith("→ 1 of 2 attempts were rate limited (429) and 1 was a retry")
-        for line in second[10:]
-    )
+    # The rate-limits finding, in the form the wait as measured calls for (refused_once).
+    forms = refused_once(0.25, float(backoff.group(1)) / 1e3)
+    assert any(line.startswith(tuple(forms)) for line in second[10:]), (forms, second)
     ids = re.findall(REQUEST_ID, "\n".join(first + second))
     assert len(ids) == len(set(ids)) == 3  # each attempt's own
 

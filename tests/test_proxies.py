@@ -1,11 +1,18 @@
 """Every client through a real proxy (tinyproxy on loopback): an HTTPS target through a
 ``CONNECT`` tunnel and a plain HTTP target in absolute form, with the proxy given as an
 argument and through the environment. The attempt is the request to the target, the tunnel is
-its ``proxy`` phase, and the proxy's address and URL (never its credentials) are recorded."""
+its ``proxy`` phase, and the proxy's address and URL (never its credentials) are recorded.
+
+A run whose phases miss their bounds (the server's injected wait) by no more than what the
+machine measurably took meanwhile (the run-queue waits of this process's threads and of the
+proxy's, ``tests/cpu_waits.py``, and the garbage collector's pauses) runs again, up to three
+times; any other miss fails at once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import ssl
 from collections.abc import Iterator
 from typing import Any
@@ -17,9 +24,10 @@ import trustme
 from opentelemetry.trace import StatusCode
 
 from tests.attributes import attributes
-from tests.checks import assert_server_phases, int_value
+from tests.checks import int_value, server_phase_misses
 from tests.command_line import mock_server, probe_json
 from tests.conftest import Telemetry
+from tests.cpu_waits import collector_pauses, machine_waits
 from tests.httpx_clients import KINDS, Client
 from tests.proxy_server import PROXY_HOST, Proxy, tinyproxy
 from tests.servers import LLMServer
@@ -31,6 +39,8 @@ PROXY_VARIABLES = (
 )  # fmt: skip
 
 every_client = pytest.mark.parametrize("kind", CLIENTS)
+#: Runs of a timed test at most, when what the machine took covers a miss.
+TRIES = 3
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +77,19 @@ def no_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
+@contextlib.contextmanager
+def machine_took(took: list[float] | None, pids: tuple[int, ...]) -> Iterator[None]:
+    """Appends to ``took`` (when given) how long the machine kept this process's threads and
+    the processes ``pids`` from a CPU while the block ran (s). Measured around each request,
+    while the proxy's thread that serves its connection is alive."""
+    if took is None:
+        yield
+        return
+    with machine_waits(os.getpid(), *pids) as waited:
+        yield
+    took.append(waited.peers)
+
+
 async def fetch(
     kind: str,
     urls: list[str],
@@ -75,16 +98,20 @@ async def fetch(
     trust_env: bool = False,
     client_ssl: ssl.SSLContext,
     ca_file: str,
+    took: list[float] | None = None,
+    pids: tuple[int, ...] = (),
 ) -> list[int]:
     """GET each of ``urls`` with one client of ``kind`` (one pool), reading each body; the
-    status codes. ``proxy``: the proxy argument, if any; ``trust_env``: read the environment."""
+    status codes. ``proxy``: the proxy argument, if any; ``trust_env``: read the environment;
+    ``took``: gets what the machine took from this process and ``pids`` during each request."""
     statuses: list[int] = []
     if kind == "aiohttp":
         async with aiohttp.ClientSession(trust_env=trust_env) as session:
             for url in urls:
-                async with session.get(url, proxy=proxy, ssl=client_ssl) as response:
-                    await response.read()
-                    statuses.append(response.status)
+                with machine_took(took, pids):
+                    async with session.get(url, proxy=proxy, ssl=client_ssl) as response:
+                        await response.read()
+                        statuses.append(response.status)
     elif kind == "requests":
 
         def run() -> None:
@@ -92,7 +119,8 @@ async def fetch(
                 session.trust_env = trust_env
                 proxies = {"http": proxy, "https": proxy} if proxy else None
                 for url in urls:
-                    response = session.get(url, proxies=proxies, verify=ca_file, timeout=10)
+                    with machine_took(took, pids):
+                        response = session.get(url, proxies=proxies, verify=ca_file, timeout=10)
                     statuses.append(response.status_code)
 
         await asyncio.to_thread(run)
@@ -102,7 +130,8 @@ async def fetch(
             options["proxy"] = proxy
         async with Client(kind, **options) as client:
             for url in urls:
-                statuses.append((await client.request("GET", url)).status)
+                with machine_took(took, pids):
+                    statuses.append((await client.request("GET", url)).status)
     return statuses
 
 
@@ -115,6 +144,7 @@ async def fetch_through(
     *,
     client_ssl: ssl.SSLContext,
     ca_file: str,
+    took: list[float] | None = None,
 ) -> list[int]:
     """:func:`fetch` through ``proxy``, given to the client as its argument
     (``how="argument"``) or in the environment (``how="environment"``)."""
@@ -127,6 +157,46 @@ async def fetch_through(
         trust_env=how == "environment",
         client_ssl=client_ssl,
         ca_file=ca_file,
+        took=took,
+        pids=(proxy.pid,),
+    )
+
+
+async def timed_through(
+    telemetry: Telemetry,
+    proxy: Proxy,
+    how: str,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    urls: list[str],
+    *,
+    client_ssl: ssl.SSLContext,
+    ca_file: str,
+    wait: float,
+) -> None:
+    """:func:`fetch_through` (each answer 200), each request's phases within their bounds
+    around the server's ``wait`` (``server_phase_misses``). A run that misses them by no more
+    than what the machine measurably took (the run-queue waits of this process's threads and
+    of the proxy's, and the garbage collector's pauses: a process kept from a CPU forwards or
+    answers that late) runs again, up to TRIES times; any other miss fails at once."""
+    for _ in range(TRIES):
+        telemetry.exporter.clear()  # a run again: only its own attempts
+        took: list[float] = []
+        with collector_pauses() as collected:
+            statuses = await fetch_through(
+                proxy, how, monkeypatch, kind, urls,
+                client_ssl=client_ssl, ca_file=ca_file, took=took,
+            )  # fmt: skip
+        assert statuses == [200] * len(urls)
+        requests = telemetry.requests()
+        assert len(requests) == len(urls)
+        found = [m for r in requests for m in server_phase_misses(telemetry.phases(r), wait, 0.0)]
+        machine = sum(took) + collected.seconds
+        if not found or max(by for by, _ in found) > machine:
+            break
+    assert not found, (
+        f"{found}; the machine kept this process and the proxy from a CPU for {sum(took):.3f} s, "
+        f"the garbage collector ran {collected.seconds:.3f} s"
     )
 
 
@@ -148,10 +218,10 @@ async def test_tunnel_to_an_https_target(
     how: str,
 ) -> None:
     url = tls_server.url(host="localhost", wait=0.2)
-    statuses = await fetch_through(
-        proxy, how, no_proxy_variables, kind, [url, url], client_ssl=client_ssl, ca_file=ca_file
-    )
-    assert statuses == [200, 200]
+    await timed_through(
+        telemetry, proxy, how, no_proxy_variables, kind, [url, url],
+        client_ssl=client_ssl, ca_file=ca_file, wait=0.2,
+    )  # fmt: skip
     # One attempt per request: the CONNECT exchange is no attempt of its own.
     first, second = telemetry.requests()
     for request in (first, second):
@@ -165,12 +235,10 @@ async def test_tunnel_to_an_https_target(
     assert attributes(first)["llm_latency.connection.reused"] is False
     phases = telemetry.phases(first)
     assert set(phases) == {"connect", "proxy", "tls", "send", "wait", "receive"}
-    assert_server_phases(phases, wait=0.2, receive=0.0)
     assert phases["connect"].end_time <= phases["proxy"].start_time  # type: ignore[operator]
     assert phases["proxy"].end_time <= phases["tls"].start_time  # type: ignore[operator]
     assert attributes(second)["llm_latency.connection.reused"] is True
     assert set(telemetry.phases(second)) == {"send", "wait", "receive"}
-    assert_server_phases(telemetry.phases(second), wait=0.2, receive=0.0)
 
 
 @every_client
@@ -186,10 +254,10 @@ async def test_plain_http_target_in_absolute_form(
     how: str,
 ) -> None:
     url = server.url(host="localhost", wait=0.2)
-    statuses = await fetch_through(
-        proxy, how, no_proxy_variables, kind, [url], client_ssl=client_ssl, ca_file=ca_file
-    )
-    assert statuses == [200]
+    await timed_through(
+        telemetry, proxy, how, no_proxy_variables, kind, [url],
+        client_ssl=client_ssl, ca_file=ca_file, wait=0.2,
+    )  # fmt: skip
     request = telemetry.request()
     found = attributes(request)
     assert found["server.address"] == "localhost"
@@ -198,9 +266,7 @@ async def test_plain_http_target_in_absolute_form(
     assert found["network.peer.address"] == PROXY_HOST
     assert found["llm_latency.proxy.url"] == proxy.origin
     # No tunnel: the proxy's forwarding is inside the wait.
-    phases = telemetry.phases(request)
-    assert set(phases) == {"connect", "send", "wait", "receive"}
-    assert_server_phases(phases, wait=0.2, receive=0.0)
+    assert set(telemetry.phases(request)) == {"connect", "send", "wait", "receive"}
 
 
 @every_client
