@@ -3,18 +3,47 @@ finding appears (the score table of docs/diagnosis.md, printed by bench/diagnosi
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.scenarios.catalog import Scenario, judge, play, verdict, with_lag
+from tests.cpu_waits import collector_pauses, machine_waits
+from tests.scenarios.catalog import Outcome, Scenario, judge, play, verdict, with_lag
 from tests.scenarios.labelled import SCENARIOS
+
+#: Runs of a scenario at most, when what the machine took covers its forbidden findings.
+TRIES = 3
+
+
+def _played(scenario: Scenario) -> tuple[Outcome, list[str], float]:
+    """One run: its outcome, its forbidden findings, and what the machine measurably took
+    meanwhile (s): the run-queue waits of this process's threads (the program's loop, the
+    mock server's) and the garbage collector's pauses."""
+    with machine_waits(os.getpid()) as waited, collector_pauses() as collected:
+        outcome = play(scenario)
+    _, wrong, _ = verdict(scenario, outcome.found)
+    return outcome, wrong, waited.peers + collected.seconds
 
 
 @pytest.mark.parametrize("scenario", [pytest.param(s, id=s.name) for s in SCENARIOS])
 def test_the_cause_is_ranked_first(scenario: Scenario) -> None:
-    outcome = play(scenario)
+    """A forbidden finding whose evidence (its p50 per request) is no more than what the
+    machine took from the program while it ran (a loop thread kept from a CPU, a server
+    thread late, a collection of the worker's heap: time in no phase's lag and in no
+    server's own time, which a finding of the network reads as the network's) says nothing
+    of the rule: the scenario runs again, up to TRIES times. Any other is wrong at once."""
+    for _ in range(TRIES):
+        outcome, wrong, took = _played(scenario)
+        covered = [
+            f for f in outcome.findings if f.rule in wrong and f.evidence.p50 <= took
+        ]  # fmt: skip
+        if len(covered) < len(wrong) or not wrong:
+            break
     assert outcome.records, "the scenario sent nothing"
     ok, wrong, missed = verdict(scenario, outcome.found)
-    assert not wrong, f"forbidden findings: {wrong} in {outcome.found}"
+    assert not wrong, (
+        f"forbidden findings: {wrong} in {outcome.found}; the machine took {took:.3f} s"
+    )
     assert outcome.first == scenario.first, outcome.found
     assert ok and not missed
     if scenario.fix_mentions is not None:
