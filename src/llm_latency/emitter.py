@@ -35,7 +35,7 @@ from llm_latency import headers, providers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
-from llm_latency.event_loop import monitor_of_running_loop
+from llm_latency.event_loop import LATE_NS, monitor_of_running_loop
 from llm_latency.event_loop import stop_all as stop_lag_monitors
 from llm_latency.facts import AttemptFacts, LoopLag, error_type, read_facts
 from llm_latency.metrics import AttemptMetrics
@@ -218,7 +218,7 @@ class Emitter:
             return None
         record.loop_monitor = None
         timeline = record.timeline
-        delays = monitor.phase_delays(windows, len(PHASE_NAMES), timeline.arrivals)
+        delays = monitor.phase_delays(windows, len(PHASE_NAMES), lambda: timeline.arrivals(LATE_NS))
         if delays is None:
             return _NO_LAG
         gaps = delays.arrivals[: len(timeline.long_gaps)]

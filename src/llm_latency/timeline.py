@@ -268,13 +268,14 @@ class Timeline:
             if body.watching:
                 body.look(data, now)
 
-    def arrivals(self) -> list[tuple[int, int]]:
+    def arrivals(self, shortest: int = 1) -> list[tuple[int, int]]:
         """The windows that end at a chunk's arrival and that a stall of the program's loop may
         have delayed: the longest gaps (:attr:`long_gaps`, in their order), then the wait for
-        the first chunk after the headers."""
+        the first chunk after the headers, if it lasted ``shortest`` (ns) or more (a stall
+        the loop monitor counts is longer than its threshold: a shorter wait holds none)."""
         windows = list(self.long_gaps)
         receive = self.bounds_of(RECEIVE)
-        if receive is not None and self.first_chunk_ns > receive[0]:
+        if receive is not None and self.first_chunk_ns - receive[0] >= max(shortest, 1):
             windows.append((receive[0], self.first_chunk_ns))
         return windows
 
