@@ -29,9 +29,9 @@ What it can say, and what it cannot:
   ends later than ``SETTLE_NS`` after the loop was free again is charged nothing for it.
 - A stream's body arrives in chunks, and each chunk's arrival is an end the loop may have
   delayed, like a phase's: the stream's longest gaps between two chunks (and the wait for its
-  first chunk) are charged by the same rule, and the receive phase carries the union of those
-  charges and its own. A stall in the middle of a stream is the program's lag, and the
-  stream's longest gap (``llm_latency.stream.max_gap``) leaves it out.
+  first chunk, from ``LATE_NS`` on) are charged by the same rule, and the receive phase
+  carries the union of those charges and its own. A stall in the middle of a stream is the
+  program's lag, and the stream's longest gap (``llm_latency.stream.max_gap``) leaves it out.
 - A request queued for a pooled connection (or an HTTP/2 stream) waits for another attempt on
   the same loop to give one back: a stall that delayed that attempt's end delayed the queued
   one's turn by as much, even when the stall ended long before the turn came. The queue phase
