@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -58,6 +59,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import aiohttp
 import httpx
@@ -301,6 +303,29 @@ def always() -> bool:
     return True
 
 
+async def cancel_at_connect(request: Callable[[], Awaitable[Any]], port: int) -> None:
+    """Run ``request`` as a task and cancel it at its TCP connect to ``port``: in the step that
+    calls the event loop's ``sock_connect`` (asyncio's ``create_connection`` does), before the
+    connect syscall, so the cancellation lands in the connect phase whatever the machine's load.
+    A cancel timed from outside lands wherever the task happens to be: with the event loop held
+    (descheduled) across both, in the same iteration as a deadline of the client's own (anyio's
+    happy-eyeballs delay, 0.25 s from the start of its connect attempt), whose cancel reaches
+    the task first and gives the program ``CancelledError("Cancelled via cancel scope <id>")``
+    instead of the test's own, in one run and not the other, or with another id. Here the
+    connecting step was scheduled before that deadline existed, so it runs before its timer."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(request())
+    connect = loop.sock_connect
+
+    async def sock_connect(sock: socket.socket, address: Any) -> None:
+        if address[1] == port:
+            task.cancel()
+        await connect(sock, address)
+
+    with mock.patch.object(loop, "sock_connect", sock_connect):
+        await task
+
+
 async def test_aiohttp_cancelled_while_queued(telemetry: Telemetry, server: LLMServer) -> None:
     async def scenario() -> None:
         connector = aiohttp.TCPConnector(limit=1)
@@ -379,7 +404,7 @@ async def test_httpx_cancelled_in_connect(telemetry: Telemetry, kind: str) -> No
         async def scenario() -> None:
             async with module_of(kind).AsyncClient() as client:
                 url = f"http://127.0.0.1:{port}/v1/models"
-                await cancel_when(lambda: client.get(url), always)
+                await cancel_at_connect(lambda: client.get(url), port)
 
         outcome = await compare(telemetry, scenario)
     assert outcome.kind is asyncio.CancelledError
