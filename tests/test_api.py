@@ -146,7 +146,7 @@ async def test_plugin_fault_never_reaches_the_program(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def broken(self: Emitter, timeline: Any, lag: Any) -> None:
+    def broken(self: Emitter, *args: Any) -> None:
         raise RuntimeError("plugin bug")
 
     monkeypatch.setattr(Emitter, "_emit", broken)
