@@ -38,6 +38,17 @@ def _value(value: Any) -> Any:
     return getattr(value, kind) if kind else None
 
 
+def _duration_count(request: ExportMetricsServiceRequest) -> int:
+    return sum(
+        point.count
+        for resource in request.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == DURATION
+        for point in metric.histogram.data_points
+    )
+
+
 class OTLPReceiver:
     """Started at construction on a free loopback port; :meth:`stop` ends it."""
 
@@ -96,17 +107,18 @@ class OTLPReceiver:
     def _metrics(self, body: bytes) -> None:
         request = ExportMetricsServiceRequest()
         request.ParseFromString(body)
-        count = sum(
-            point.count
-            for resource in request.resource_metrics
-            for scope in resource.scope_metrics
-            for metric in scope.metrics
-            if metric.name == DURATION
-            for point in metric.histogram.data_points
-        )
+        count = _duration_count(request)
         with self._lock:
             self.duration_count += count
             self.metric_requests.append(request)
+
+    def metric_exports(self) -> list[int]:
+        """The ``http.client.request.duration`` count of each metrics export, in the order
+        they arrived (one process's empty last export counts 0): what a test prints when the
+        sum is not what it expected, to tell a process that never exported from one that
+        exported fewer."""
+        with self._lock:
+            return [_duration_count(request) for request in self.metric_requests]
 
     @property
     def request_spans(self) -> Counter[str]:
