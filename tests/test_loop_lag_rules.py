@@ -15,7 +15,8 @@ from llm_latency.attempt_record import AttemptRecord
 from llm_latency.emitter import Emitter
 from llm_latency.event_loop import SETTLE_NS, LoopLagMonitor
 from llm_latency.facts import read_facts
-from llm_latency.timeline import PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
+from llm_latency.timeline import PHASE_NAMES, RECEIVE, WAIT
+from tests.test_facts import attempt
 
 MS = 1_000_000
 #: An attempt: waits 0-100 ms, receives 100-900 ms.
@@ -104,7 +105,7 @@ def test_the_machines_share_of_the_wait_is_not_network_overhead(monitor: LoopLag
     last 60 ms of the wait, its thread waiting for a CPU for 50 of them. The 70 ms the server
     does not account for are 10 ms of the program's lag, 50 ms of the machine's and 10 ms of
     the network's."""
-    timeline = answered(processing_ms=250)
+    timeline = attempt(processing_ms="250")
     t0 = timeline.start_ns
     monitor.busy.append((t0 + 260 * MS, t0 + 320 * MS, 5 / 6))
     record = cast(AttemptRecord, SimpleNamespace(loop_monitor=monitor, timeline=timeline))
@@ -114,17 +115,3 @@ def test_the_machines_share_of_the_wait_is_not_network_overhead(monitor: LoopLag
     assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.01) < 1e-6
     assert abs(facts.descheduled - 0.05) < 1e-6
     assert facts.network_overhead is not None and abs(facts.network_overhead - 0.01) < 1e-6
-
-
-def answered(processing_ms: int) -> Timeline:
-    """Sent at 0-20 ms, first byte at 320 ms, last byte at 400 ms (stamps from the start)."""
-    timeline = Timeline("POST", "http://api.llm.test/v1/chat/completions")
-    t0 = timeline.start_ns
-    timeline.begin(SEND, at=t0)
-    timeline.begin(WAIT, at=t0 + 20 * MS)
-    timeline.end_phase(WAIT, at=t0 + 320 * MS)
-    timeline.begin(RECEIVE, at=t0 + 320 * MS)
-    timeline.status_code = 200
-    timeline.response_headers = [(b"openai-processing-ms", str(processing_ms).encode())]
-    timeline.close(at=t0 + 400 * MS)
-    return timeline
