@@ -115,3 +115,26 @@ def test_the_machines_share_of_the_wait_is_not_network_overhead(monitor: LoopLag
     assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.01) < 1e-6
     assert abs(facts.descheduled - 0.05) < 1e-6
     assert facts.network_overhead is not None and abs(facts.network_overhead - 0.01) < 1e-6
+
+
+def test_one_exemplar_per_late_stretch(monitor: LoopLagMonitor) -> None:
+    """The first attempt charged in a late stretch is the one whose lag record carries its
+    trace exemplar; the next ones charged in the same stretch are not; the first in the next
+    stretch is. An attempt the loop did not delay is not marked."""
+    monitor._in_flight = 5
+    monitor.busy.append((850 * MS, 899 * MS, 0.0))
+    marks = []
+    for _ in range(2):
+        delays = monitor.phase_delays(WINDOWS, len(PHASE_NAMES))
+        assert delays is not None and delays.phases[RECEIVE] == 50 * MS
+        marks.append(delays.exemplar)
+    monitor.busy.append((960 * MS, 998 * MS, 0.0))
+    later = [(WAIT, 0, 100 * MS), (RECEIVE, 100 * MS, 1000 * MS)]
+    delays = monitor.phase_delays(later, len(PHASE_NAMES))
+    assert delays is not None and delays.phases[RECEIVE] == 40 * MS
+    marks.append(delays.exemplar)
+    monitor.busy.append((1500 * MS, 1510 * MS, 0.0))
+    undelayed = monitor.phase_delays([(WAIT, 0, 100 * MS)], len(PHASE_NAMES))
+    assert undelayed is not None and sum(undelayed.phases) == 0
+    marks.append(undelayed.exemplar)
+    assert marks == [True, False, True, False]

@@ -17,7 +17,8 @@ import requests
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
-from opentelemetry.trace import INVALID_SPAN
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import INVALID_SPAN, set_span_in_context
 
 import llm_latency
 from llm_latency.attempt_record import AttemptRecord
@@ -158,6 +159,45 @@ def test_the_lag_histogram_counts_the_attempts_that_lagged(
     assert isinstance(point, HistogramDataPoint)
     assert point.count == len(recorded)
     assert point.sum == pytest.approx(sum(recorded))
+
+
+def test_the_lag_record_carries_the_exemplar_the_monitor_chose() -> None:
+    """Each attempt's lag is recorded in its trace's context; the exemplar is offered only for
+    the attempt the monitor marks (the first it charged in a late stretch): the others, in
+    buckets of their own here, keep none."""
+    reader = InMemoryMetricReader()
+    metrics = AttemptMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
+    tracer = TracerProvider().get_tracer("program")
+    marked = None
+    for lag, exemplar in ((0.004, False), (0.04, True), (0.4, False)):
+        span = tracer.start_span("attempt")
+        context = set_span_in_context(span)
+        timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
+        timeline.close()
+        record = AttemptRecord(timeline, span, context, "POST", "llm.test", 443, 0, None)
+        lags_by_phase = [0.0] * len(PHASE_NAMES)
+        lags_by_phase[PHASE_NAMES.index("wait")] = lag
+        facts = read_facts(timeline, LoopLag(lags_by_phase, exemplar=exemplar), frozenset())
+        assert facts.event_loop_lag_exemplar is exemplar
+        metrics.record(record, facts, context)
+        if exemplar:
+            marked = span.get_span_context()
+        span.end()
+    data = reader.get_metrics_data()
+    (point,) = [
+        point
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "llm_latency.event_loop.lag"
+        for point in metric.data.data_points
+    ]
+    assert isinstance(point, HistogramDataPoint)
+    assert point.count == 3
+    assert marked is not None
+    assert [(e.trace_id, e.span_id, e.value) for e in point.exemplars] == [
+        (marked.trace_id, marked.span_id, 0.04)
+    ]
 
 
 async def test_a_stalled_loop_is_in_the_lag_histogram(

@@ -225,7 +225,7 @@ class Emitter:
         phases = [delay / 1e9 for delay in delays.phases]
         descheduled = delays.descheduled
         waited = [wait / 1e9 for wait in delays.waited] if descheduled else ()
-        return LoopLag(phases, gaps, descheduled / 1e9, waited)
+        return LoopLag(phases, gaps, descheduled / 1e9, waited, delays.exemplar)
 
     def _attempt_ends(
         self, record: AttemptRecord, reason: str | None, retry_after: float | None

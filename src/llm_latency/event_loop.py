@@ -68,6 +68,9 @@ LATE_NS = 1_000_000
 #: A phase that ends this soon (ns) after a busy stretch was delayed by it: the loop runs the
 #: callbacks of the data that arrived during the stretch, then wakes the task that waited.
 SETTLE_NS = 20_000_000
+#: A late stretch that ends this close (ns) to the next one's start is contiguous with it: the
+#: next tick was scheduled when it ended.
+_CONTIGUOUS_NS = INTERVAL_NS + LATE_NS
 #: Busy stretches kept per loop: at most one per interval, so about 160 s of continuous lag.
 KEPT = 16_384
 #: Ended attempts that were delayed, kept per loop for the queued attempts whose turn their
@@ -84,12 +87,16 @@ class Delays(NamedTuple):
     """How long (ns) a busy loop delayed an attempt: per phase, and per arrival window; and how
     long its thread waited for a CPU meanwhile (the machine's share, in no phase's delay): in
     all, and the part of it that delayed each phase's end (``waited``, indexed like
-    ``phases``)."""
+    ``phases``; empty when none did). ``exemplar``: whether this attempt is the first charged
+    in the late stretch it ended in or after, the one whose lag record carries the trace
+    exemplar (a histogram keeps one exemplar per bucket and export: at saturation every
+    attempt lags, and one offer per stretch is enough)."""
 
     phases: list[int]
     arrivals: list[int]
     descheduled: int = 0
     waited: Sequence[int] = ()
+    exemplar: bool = True
 
 
 _monitors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagMonitor] = (
@@ -145,6 +152,8 @@ class LoopLagMonitor:
         self._scheduled_ns = 0
         self._waited_ns = 0
         self._pending_share: tuple[int, float] | None = None  # (due, share) of the late tick
+        #: The start of the late stretch whose first charged attempt carried the exemplar.
+        self._exemplar_stretch = -1
 
     def attempt_started(self) -> None:
         """An attempt starts on this loop (call from the loop's thread)."""
@@ -184,25 +193,31 @@ class LoopLagMonitor:
             return None
         arrivals = arrivals_of()
         delays = [0] * phases
-        waits = [0] * phases  # the machine's share of each phase's delay
-        arrived = [0] * len(arrivals)
+        waits: list[int] | None = None  # the machine's share of each phase's delay, if any
+        arrived: list[int] = []
         machine = 0
+        recent: list[Stretch] = []
         try:
-            recent = self._recent(pending, min((start for _, start, _ in windows), default=now))
+            earliest = min([start for _, start, _ in windows]) if windows else now
+            recent = self._recent(pending, earliest)
+            delay_of = self._delay_of
             queue = receive = None
             for phase, start, end in windows:
-                program, waited = self._delay_of(start, end, recent)
+                program, waited = delay_of(start, end, recent)
                 delays[phase] = program
-                waits[phase] = waited
-                machine += waited
-                if phase == QUEUE:
-                    queue = start, end
-                elif phase == RECEIVE:
+                if waited:
+                    if waits is None:
+                        waits = [0] * phases
+                    waits[phase] = waited
+                    machine += waited
+                if phase == RECEIVE:
                     receive = start, end
+                elif phase == QUEUE:
+                    queue = start, end
             if queue is not None:
                 delays[QUEUE] = max(delays[QUEUE], self._handed_on(queue))
             if receive is not None and arrivals:
-                charges = [self._delay_of(start, end, recent) for start, end in arrivals]
+                charges = [delay_of(start, end, recent) for start, end in arrivals]
                 arrived = [program for program, _ in charges]
                 charged = [
                     (end - delay, end) for (_, end), delay in zip(arrivals, arrived, strict=True)
@@ -213,9 +228,13 @@ class LoopLagMonitor:
         except RuntimeError:  # ended from another thread while the loop recorded one
             pass  # what was charged before stays, the rest is 0
         lag = sum(delays)
+        exemplar = False
         if lag:
             self.delayed_ends.append((now, lag))
-        return Delays(delays, arrived, machine, waits)
+            newest = recent[0][0] if recent else 0
+            exemplar = newest != self._exemplar_stretch
+            self._exemplar_stretch = newest
+        return Delays(delays, arrived, machine, () if waits is None else waits, exemplar)
 
     def _recent(self, pending: Stretch | None, earliest: int) -> list[Stretch]:
         """The late stretches an attempt whose first phase began at ``earliest`` may be
@@ -254,7 +273,8 @@ class LoopLagMonitor:
         Returns the delay split in two: the program's share (its busy loop) and the machine's
         (the loop's thread waiting for a CPU), each stretch's time split by the share its tick
         measured."""
-        program = machine = 0.0
+        late = 0  # ns of the stretches charged, the machine's share included
+        machine = 0.0
         newer = 0  # the start of the stretch after, in the same late stretch
         newer_share = 0.0
         saturated = False
@@ -264,24 +284,32 @@ class LoopLagMonitor:
                     continue  # after the phase
                 if busy_end < end - SETTLE_NS:
                     return 0, 0  # the loop was free before the phase ended
-                part = end - max(busy_start, start)
-            elif busy_end >= newer - INTERVAL_NS - LATE_NS:
+                part = end - (busy_start if busy_start > start else start)
+            elif busy_end >= newer - _CONTIGUOUS_NS:
                 if busy_end <= start:
                     break  # before the phase
                 if saturated:
-                    between = max(newer - max(busy_end, start), 0)
-                    program += between * (1 - newer_share)
-                    machine += between * newer_share
-                part = max(busy_end - max(busy_start, start), 0)
+                    between = newer - (busy_end if busy_end > start else start)
+                    if between > 0:
+                        late += between
+                        if newer_share:
+                            machine += between * newer_share
+                part = busy_end - (busy_start if busy_start > start else start)
+                if part < 0:
+                    part = 0
             else:
                 break
-            program += part * (1 - share)
-            machine += part * share
-            newer, newer_share = busy_start, share
-            saturated = busy_end - busy_start >= INTERVAL_NS
+            late += part
+            if share:
+                machine += part * share
             if busy_start <= start:
                 break
-        return max(round(program), 0), max(round(machine), 0)
+            newer, newer_share = busy_start, share
+            saturated = busy_end - busy_start >= INTERVAL_NS
+        if not machine:
+            return late, 0
+        waited = round(machine)
+        return max(late - waited, 0), waited
 
     def stop(self) -> None:
         """No more ticks; the lag of attempts still in flight is what was seen so far."""

@@ -34,12 +34,14 @@ class LoopLag(NamedTuple):
     ``PHASE_NAMES``), and per gap of ``Timeline.long_gaps`` (ns, in its order); and how long
     the loop's thread waited for a CPU while the attempt was in flight (s): in all
     (``descheduled``), and the part of it that delayed each phase's end (``waited``, s,
-    indexed like ``PHASE_NAMES``; empty when none did)."""
+    indexed like ``PHASE_NAMES``; empty when none did). ``exemplar``: whether the attempt's
+    lag record is to carry its trace exemplar (the first attempt charged in a late stretch)."""
 
     phases: Sequence[float]
     gaps: Sequence[int] = ()
     descheduled: float = 0.0
     waited: Sequence[float] = ()
+    exemplar: bool = True
 
 
 def provider_max_gap(timeline: Timeline, gap_lags: Sequence[int]) -> int:
@@ -95,6 +97,9 @@ class AttemptFacts:
     server_time_per_output_token_max: float | None = None
     #: A streamed answer with content and no usage (OpenAI without ``include_usage``).
     usage_unknown: bool = False
+    #: Whether the lag's record carries the attempt's trace exemplar (one attempt per late
+    #: stretch of the loop: see ``LoopLag.exemplar``).
+    event_loop_lag_exemplar: bool = True
 
 
 def token_facts(
@@ -203,4 +208,5 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
         server_time_per_output_token_max=tpot_max,
         usage_unknown=unknown,
         descheduled=lag.descheduled if lag is not None else 0.0,
+        event_loop_lag_exemplar=lag is None or lag.exemplar,
     )

@@ -1,8 +1,9 @@
 """The metrics of docs/telemetry.md, recorded once per finished attempt.
 
 Histograms go through the SDK on each attempt (the request duration, the time to first chunk,
-the phases and the loop lag carry trace exemplars; the server's time does not, its attempt's
-trace is the request duration's exemplar). Counters and the rate-limit gauge are kept as
+the phases and the loop lag carry trace exemplars, the loop lag's from the first attempt it
+delayed in each late stretch; the server's time does not, its attempt's trace is the request
+duration's exemplar). Counters and the rate-limit gauge are kept as
 in-process tallies and reported by observable instruments when the SDK collects: a sum or a
 last value read once per export interval is exactly what recording it on every attempt would
 export, at a fraction of the cost on the request path.
@@ -279,7 +280,11 @@ class AttemptMetrics:
         lag = facts.event_loop_lag
         if lag is not None and lag >= LAG_RECORDED_FROM:
             by_host = by_host or {semconv.SERVER_ADDRESS: host}
-            self.event_loop_lag.record(lag, by_host, context)
+            # The trace exemplar of the first attempt charged in each late stretch only: a
+            # saturated loop delays every attempt, and the histogram keeps one per bucket.
+            self.event_loop_lag.record(
+                lag, by_host, context if facts.event_loop_lag_exemplar else NO_TRACE
+            )
         if status == 429:
             self.rate_limited.add(((semconv.SERVER_ADDRESS, host),))
         if timeline.reused is not None:
