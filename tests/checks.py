@@ -4,6 +4,7 @@ tiling their request span, failure outcomes compared with and without the plugin
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 from collections.abc import Awaitable, Callable, Iterator
@@ -22,6 +23,7 @@ import llm_latency
 from llm_latency.diagnosis.rate_limits import RETRY_WAIT_MIN_EXCESS, RETRY_WAIT_MIN_EXCESS_SHARE
 from tests.attributes import attributes
 from tests.conftest import Telemetry
+from tests.cpu_waits import collector_pauses, machine_waits
 
 # A phase lasts at least its injected delay, and not much more on a loaded 2-core machine.
 SLACK = 0.3
@@ -83,10 +85,36 @@ def server_phase_misses(
     return found
 
 
-def assert_server_phases(phases: dict[str, ReadableSpan], wait: float, receive: float) -> None:
-    """See :func:`server_phase_misses`: nothing missed."""
-    found = server_phase_misses(phases, wait, receive)
-    assert not found, found
+#: Runs at most of a timed request, when the machine measurably disturbed the run.
+TRIES = 3
+
+
+async def served_within(
+    telemetry: Telemetry,
+    send: Callable[[], Awaitable[object]],
+    wait: float,
+    receive: float,
+    attempt: Callable[[Telemetry], ReadableSpan] = Telemetry.request,
+) -> ReadableSpan:
+    """Run ``send`` and check the phases of its ``attempt`` (the only request span, by
+    default) against the server's ``wait`` and ``receive`` (:func:`server_phase_misses`);
+    returns that span. A run that misses them by no more than what the machine measurably
+    took meanwhile runs again, up to :data:`TRIES` times: the run-queue waits of this
+    process's threads (the program's, and the test server's loop) and the garbage collector's
+    pauses, time in which a boundary is seen late whoever is right (a sync client's thread
+    kept from a CPU starts reading the body that late: its receive phase starts then). Any
+    other miss fails at once."""
+    for _ in range(TRIES):
+        telemetry.exporter.clear()  # a run again: only its own spans
+        with machine_waits(os.getpid()) as waited, collector_pauses() as collected:
+            await send()
+        span = attempt(telemetry)
+        found = server_phase_misses(telemetry.phases(span), wait, receive)
+        took = waited.peers + collected.seconds  # this thread is one of the process's
+        if not found or max(by for by, _ in found) > took:
+            break
+    assert not found, f"{found}; {waited}, the garbage collector ran {collected.seconds:.3f} s"
+    return span
 
 
 #: How the ``rate-limits`` finding of one call refused once and retried begins, by its form.
