@@ -118,16 +118,21 @@ class Telemetry:
         return by_phase
 
     def metric_points(self, name: str) -> list[Any]:
-        data = self.reader.get_metrics_data()
-        points: list[Any] = []
-        if data is None:
-            return points
-        for rm in data.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name == name:
-                        points.extend(metric.data.data_points)
+        return metric_points(self.reader, name)
+
+
+def metric_points(reader: InMemoryMetricReader, name: str) -> list[Any]:
+    """The points of the metric ``name`` in one collection of ``reader``."""
+    data = reader.get_metrics_data()
+    points: list[Any] = []
+    if data is None:
         return points
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == name:
+                    points.extend(metric.data.data_points)
+    return points
 
 
 def seconds(span: ReadableSpan) -> float:

@@ -18,17 +18,17 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import INVALID_SPAN, set_span_in_context
+from opentelemetry.trace import INVALID_SPAN, Span, set_span_in_context
 
 import llm_latency
 from llm_latency.attempt_record import AttemptRecord
-from llm_latency.facts import LoopLag, read_facts
+from llm_latency.facts import AttemptFacts, LoopLag, read_facts
 from llm_latency.instrumentor import LLMLatencyInstrumentor
 from llm_latency.metrics import LAG_RECORDED_FROM, SETUP_PHASES, AttemptMetrics
 from llm_latency.testing import LocalDNS
 from llm_latency.timeline import PHASE_NAMES, Timeline
 from tests.attributes import float_attr
-from tests.conftest import Telemetry
+from tests.conftest import Telemetry, metric_points
 from tests.servers import LLMServer
 
 HOST = "llm.test"  # resolved by the test's DNS server (tests.servers.slow_dns)
@@ -122,6 +122,24 @@ def test_an_unknown_choice_is_refused() -> None:
     assert not LLMLatencyInstrumentor().is_instrumented_by_opentelemetry
 
 
+def lagged(phase: str, lag: float) -> list[float]:
+    """Per phase, as ``LoopLag.phases``: ``lag`` (s) in ``phase``, none in the others."""
+    lags = [0.0] * len(PHASE_NAMES)
+    lags[PHASE_NAMES.index(phase)] = lag
+    return lags
+
+
+def record_lag(metrics: AttemptMetrics, span: Span, context: Context, lag: LoopLag) -> AttemptFacts:
+    """Record a finished attempt whose loop lagged ``lag``, under ``span`` in ``context``;
+    returns its facts."""
+    timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
+    timeline.close()
+    record = AttemptRecord(timeline, span, context, "POST", "llm.test", 443, 0, None)
+    facts = read_facts(timeline, lag, frozenset())
+    metrics.record(record, facts, context)
+    return facts
+
+
 @pytest.mark.parametrize(
     ("lags", "recorded"),
     [((0.0, 0.0, 0.0005, LAG_RECORDED_FROM, 0.05), (LAG_RECORDED_FROM, 0.05)), ((0.0,), ())],
@@ -135,23 +153,9 @@ def test_the_lag_histogram_counts_the_attempts_that_lagged(
     reader = InMemoryMetricReader()
     metrics = AttemptMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
     for lag in lags:
-        timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
-        timeline.close()
-        record = AttemptRecord(timeline, INVALID_SPAN, Context(), "POST", "llm.test", 443, 0, None)
-        lags_by_phase = [0.0] * len(PHASE_NAMES)
-        lags_by_phase[PHASE_NAMES.index("receive")] = lag
-        facts = read_facts(timeline, LoopLag(lags_by_phase), frozenset())
+        facts = record_lag(metrics, INVALID_SPAN, Context(), LoopLag(lagged("receive", lag)))
         assert facts.event_loop_lag == lag
-        metrics.record(record, facts, Context())
-    data = reader.get_metrics_data()
-    points = [
-        point
-        for resource in (data.resource_metrics if data else [])
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == "llm_latency.event_loop.lag"
-        for point in metric.data.data_points
-    ]
+    points = metric_points(reader, "llm_latency.event_loop.lag")
     if not recorded:
         assert points == []
         return
@@ -171,27 +175,13 @@ def test_the_lag_record_carries_the_exemplar_the_monitor_chose() -> None:
     marked = None
     for lag, exemplar in ((0.004, False), (0.04, True), (0.4, False)):
         span = tracer.start_span("attempt")
-        context = set_span_in_context(span)
-        timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
-        timeline.close()
-        record = AttemptRecord(timeline, span, context, "POST", "llm.test", 443, 0, None)
-        lags_by_phase = [0.0] * len(PHASE_NAMES)
-        lags_by_phase[PHASE_NAMES.index("wait")] = lag
-        facts = read_facts(timeline, LoopLag(lags_by_phase, exemplar=exemplar), frozenset())
+        lag_of = LoopLag(lagged("wait", lag), exemplar=exemplar)
+        facts = record_lag(metrics, span, set_span_in_context(span), lag_of)
         assert facts.event_loop_lag_exemplar is exemplar
-        metrics.record(record, facts, context)
         if exemplar:
             marked = span.get_span_context()
         span.end()
-    data = reader.get_metrics_data()
-    (point,) = [
-        point
-        for resource in (data.resource_metrics if data else [])
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == "llm_latency.event_loop.lag"
-        for point in metric.data.data_points
-    ]
+    (point,) = metric_points(reader, "llm_latency.event_loop.lag")
     assert isinstance(point, HistogramDataPoint)
     assert point.count == 3
     assert marked is not None
