@@ -108,7 +108,11 @@ def test_the_streams_longest_gap_leaves_out_the_loops_lag() -> None:
     """Chunks 20 ms apart but for a 320 ms gap that the loop's stall made (300 ms of it): the
     provider's longest pause is the next gap, 40 ms, not the stall."""
     timeline = attempt()
-    timeline.long_gaps = [(0, 320 * MS), (400 * MS, 440 * MS), (500 * MS, 520 * MS)]
+    timeline.long_gaps = [
+        (320 * MS, 0, 320 * MS),
+        (40 * MS, 400 * MS, 440 * MS),
+        (20 * MS, 500 * MS, 520 * MS),
+    ]
     timeline.max_gap_ns = 320 * MS
     assert provider_max_gap(timeline, [300 * MS, 0, 0]) == 40 * MS
     assert provider_max_gap(timeline, [0, 0, 0]) == 320 * MS

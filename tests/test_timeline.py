@@ -65,11 +65,12 @@ def test_the_longest_gaps_between_chunks_are_kept() -> None:
         arrivals.append(arrivals[-1] + gap * 1_000_000)
     for at in arrivals:
         chunk_at(attempt, at)
-    kept = sorted((end - start) // 1_000_000 for start, end in attempt.long_gaps)
+    assert all(length == end - start for length, start, end in attempt.long_gaps)
+    kept = sorted(length // 1_000_000 for length, _, _ in attempt.long_gaps)
     assert kept == sorted(gaps_ms, reverse=True)[:LONG_GAPS_KEPT][::-1]
     assert attempt.max_gap_ns == 300_000_000
     assert attempt.gap_floor_ns == min(kept) * 1_000_000
-    starts = {start for start, _ in attempt.long_gaps}
+    starts = {start for _, start, _ in attempt.long_gaps}
     assert starts <= set(arrivals)  # each gap is between two arrivals
 
 

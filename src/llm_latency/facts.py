@@ -51,7 +51,7 @@ def provider_max_gap(timeline: Timeline, gap_lags: Sequence[int]) -> int:
     if not any(gap_lags):
         return timeline.max_gap_ns
     kept = timeline.long_gaps
-    longest = max(end - start - lag for (start, end), lag in zip(kept, gap_lags, strict=True))
+    longest = max(length - lag for (length, _, _), lag in zip(kept, gap_lags, strict=True))
     return max(longest, timeline.gap_floor_ns)
 
 

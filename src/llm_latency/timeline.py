@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from heapq import heappush, heapreplace
 from typing import TYPE_CHECKING, Any, Final
 
 from llm_latency.clock import clock_ns as clock_ns  # importable from here too
@@ -53,6 +54,9 @@ RawHeaders = Sequence[tuple[Any, Any]]
 #: program's loop, taken out of the stream's longest gap (``llm_latency.stream.max_gap``).
 LONG_GAPS_KEPT: Final = 8
 
+#: A gap between two body chunks: (length, start, end) in ns.
+Gap = tuple[int, int, int]
+
 
 def _clipped(start: int, end: int, closed: int) -> tuple[int, int]:
     """A begun phase's window: an open one (``end`` 0) ends at the attempt's end (``closed``,
@@ -61,10 +65,6 @@ def _clipped(start: int, end: int, closed: int) -> tuple[int, int]:
     if closed:
         start, end = min(start, closed), min(end, closed)
     return start, max(end, start)
-
-
-def _length(window: tuple[int, int]) -> int:
-    return window[1] - window[0]
 
 
 class Timeline:
@@ -129,9 +129,10 @@ class Timeline:
         self.first_chunk_ns = 0
         self.last_chunk_ns = 0
         self.max_gap_ns = 0
-        #: The longest intervals between two body chunks, as (start, end): the ones a stall of
-        #: the program's event loop may explain (``event_loop``). At most LONG_GAPS_KEPT.
-        self.long_gaps: list[tuple[int, int]] = []
+        #: The longest intervals between two body chunks, the ones a stall of the program's
+        #: event loop may explain (``event_loop``): at most LONG_GAPS_KEPT, a heap (the
+        #: shortest first; a stream on a saturated loop replaces one every few chunks).
+        self.long_gaps: list[Gap] = []
         #: A gap longer than this (ns) is one of the longest so far.
         self.gap_floor_ns = 0
         self.chunks = 0
@@ -273,7 +274,7 @@ class Timeline:
         have delayed: the longest gaps (:attr:`long_gaps`, in their order), then the wait for
         the first chunk after the headers, if it lasted ``shortest`` (ns) or more (a stall
         the loop monitor counts is longer than its threshold: a shorter wait holds none)."""
-        windows = list(self.long_gaps)
+        windows = [(start, end) for _, start, end in self.long_gaps]
         receive = self.bounds_of(RECEIVE)
         if receive is not None and self.first_chunk_ns - receive[0] >= max(shortest, 1):
             windows.append((receive[0], self.first_chunk_ns))
@@ -282,13 +283,16 @@ class Timeline:
     def _long_gap(self, start: int, end: int) -> None:
         """Keep the gap ``start``-``end`` among the longest (the shortest kept then goes)."""
         kept = self.long_gaps
-        kept.append((start, end))
-        if end - start > self.max_gap_ns:
-            self.max_gap_ns = end - start
-        if len(kept) > LONG_GAPS_KEPT:
-            kept.remove(min(kept, key=_length))
-        if len(kept) == LONG_GAPS_KEPT:
-            self.gap_floor_ns = _length(min(kept, key=_length))
+        length = end - start
+        if length > self.max_gap_ns:
+            self.max_gap_ns = length
+        if len(kept) < LONG_GAPS_KEPT:
+            heappush(kept, (length, start, end))
+            if len(kept) < LONG_GAPS_KEPT:
+                return
+        else:
+            heapreplace(kept, (length, start, end))
+        self.gap_floor_ns = kept[0][0]
 
     # -- end ----------------------------------------------------------------------------------
 
