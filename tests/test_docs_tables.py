@@ -102,6 +102,20 @@ def test_the_phase_table_is_the_phases_of_the_code() -> None:
     assert [row[1] for row in rows] == list(PHASE_NAMES)
 
 
+def test_the_call_table_names_what_calls_and_backoffs_carry() -> None:
+    """The names a logical call's span and its backoffs carry are on the page, as the code
+    spells them."""
+    documented = {name for row in table("**Calls and retries.**") for name in names("".join(row))}
+    emitted = {
+        semconv.SDK,
+        semconv.ATTEMPTS,
+        semconv.BACKOFF_SPAN,
+        semconv.BACKOFF_REASON,
+        semconv.BACKOFF_RETRY_AFTER,
+    }
+    assert emitted <= documented, emitted - documented
+
+
 async def test_the_attribute_table_names_what_a_real_call_records(telemetry: Telemetry) -> None:
     documented = [
         name
