@@ -15,6 +15,7 @@ from opentelemetry.trace import TracerProvider
 from llm_latency.diagnosis import Finding, diagnose
 from llm_latency.instrumentor import LLMLatencyInstrumentor
 from llm_latency.lifecycle import flush, use_providers
+from llm_latency.live_state import live_state
 from llm_latency.metrics import PHASE_METRICS
 from llm_latency.retry import retry
 from llm_latency.setup import configure_if_unset
@@ -27,6 +28,7 @@ __all__ = [
     "diagnose",
     "flush",
     "instrument",
+    "live_state",
     "retry",
     "uninstrument",
 ]
