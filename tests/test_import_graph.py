@@ -70,6 +70,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.providers",
         "llm_latency.version",
         "llm_latency.testing",
+        "llm_latency.live_state",
+        "llm_latency.forks",
     ),
 )
 

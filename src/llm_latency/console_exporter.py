@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TextIO
@@ -29,7 +28,7 @@ from typing import TextIO
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from llm_latency import semconv
+from llm_latency import forks, semconv
 from llm_latency.call_tree import columns_for, report
 from llm_latency.diagnosis.records import (
     Call,
@@ -55,7 +54,7 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
 
     def __init__(self, out: TextIO | None = None) -> None:
         self._out = out
-        self._lock = threading.Lock()
+        self._lock = forks.lock()
         #: llm-latency's spans held, by trace (oldest trace first) and span id.
         self._traces: OrderedDict[str, dict[str, SpanRecord]] = OrderedDict()
         self._held = 0

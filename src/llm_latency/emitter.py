@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+import weakref
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, Final
 
@@ -31,13 +32,14 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.http import sanitize_method
 
-from llm_latency import headers, providers, semconv
+from llm_latency import forks, headers, providers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
 from llm_latency.event_loop import LATE_NS, monitor_of_running_loop
 from llm_latency.event_loop import stop_all as stop_lag_monitors
 from llm_latency.facts import AttemptFacts, LoopLag, error_type, read_facts
+from llm_latency.live_state import register
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
@@ -54,6 +56,19 @@ _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
 #: The lag of an attempt whose loop was never busy while it was in flight.
 _NO_LAG: Final = LoopLag((0.0,) * len(PHASE_NAMES))
+
+#: Every emitter alive: the current instrumentation's, and any an ended one left behind.
+_EMITTERS: weakref.WeakSet[Emitter] = weakref.WeakSet()
+register("emitters", lambda: len(_EMITTERS))
+register("attempts_in_flight", lambda: sum(len(e._open) for e in list(_EMITTERS)))
+
+
+@forks.at_fork
+def _forget_attempts() -> None:
+    # The parent's attempts in flight at the fork never end in the child, whose hooks would
+    # find nothing of them: counted in http.client.active_requests, they would stay forever.
+    for emitter in list(_EMITTERS):
+        emitter._open = {}
 
 
 class Emitter:
@@ -98,6 +113,7 @@ class Emitter:
         # uninstrumented, since the hooks that would end them are gone then.
         self._open: dict[Timeline, AttemptRecord] = {}
         self.pools = PoolMetrics(meter, self.in_flight, self.failed_once)
+        _EMITTERS.add(self)
 
     def _tracer_changed(self, tracer: Tracer) -> None:
         self._phase_writer = PhaseSpanWriter(tracer, fast_path=self._fast_path)

@@ -13,7 +13,9 @@ which creates its aggregations, then keeps those aggregation objects (one per re
 and hands each later measurement of the set to them directly: the aggregation itself (buckets,
 sum, min, max, under its lock) and the exemplar offer are the SDK's own. The SDK never drops an
 aggregation once made, so the kept ones stay the ones the readers collect; the kept set is
-dropped whenever the readers change (``_reader_storages`` is replaced, never mutated).
+dropped whenever the readers change (``_reader_storages`` is replaced, never mutated), and in a
+forked child, where llm-latency drops the parent's metric points of an SDK it set up
+(``lifecycle``): the aggregations kept would be the parent's, which no reader collects there.
 
 The direct path reads the instrument's ``_measurement_consumer`` (its ``_reader_storages`` and
 ``_sdk_config.exemplar_filter``) and ``_meter_config`` (whether its meter is enabled), each
@@ -27,12 +29,14 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Histogram
 
+from llm_latency import forks
 from llm_latency.phase_spans import FAST_PATH_SDK, sdk_release
 
 try:  # the SDK is a dependency, but the meter in use may be another implementation's
@@ -57,6 +61,14 @@ MAX_KEPT: Final = 512
 NO_TRACE: Final = Context({"llm_latency.no_exemplar": True})
 
 _Key = tuple[tuple[str, Any], ...]
+
+_RECORDERS: weakref.WeakSet[HistogramRecorder] = weakref.WeakSet()
+
+
+@forks.at_fork
+def _forget_kept() -> None:
+    for recorder in list(_RECORDERS):
+        recorder.forget_kept()
 
 
 class _Measurement:
@@ -117,6 +129,7 @@ class HistogramRecorder:
                 self._untraced_sample = False
             elif exemplar_filter is AlwaysOnExemplarFilter:
                 self._untraced_sample = True
+            _RECORDERS.add(self)
 
     @property
     def direct(self) -> bool:
@@ -152,6 +165,12 @@ class HistogramRecorder:
         measurement = _Measurement(value, now, instrument, context, attributes)
         for aggregation in aggregations:
             aggregation.aggregate(measurement, sample)
+
+    def forget_kept(self) -> None:
+        """Drop the aggregations kept: each attribute set's next record goes through the API,
+        and keeps the aggregation that record went to."""
+        self._kept = {}
+        self._storages = None
 
     def _keep(self, key: _Key, attributes: Mapping[str, Any]) -> None:
         """Find and keep the aggregations the API just recorded ``attributes`` into."""

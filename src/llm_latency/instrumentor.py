@@ -16,7 +16,6 @@ import importlib.metadata
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,7 +29,7 @@ from opentelemetry.instrumentation.dependencies import (
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from llm_latency import emitter as emitting
-from llm_latency import semconv
+from llm_latency import forks, semconv
 from llm_latency.adapters._patching import Unavailable, module_installed
 from llm_latency.emitter import Emitter
 from llm_latency.headers import resolve_capture_list
@@ -248,7 +247,7 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     # Reentrant: installing one adapter may import another hooked library, whose import hook
     # then installs its adapter inside the first (botocore's hook imports botocore.client,
     # which imports urllib3 for the first time).
-    _adapters_lock = threading.RLock()
+    _adapters_lock = forks.rlock()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         """The supported range of every library llm-latency hooks. Any one of the clients is

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
-from llm_latency import event_loop, setup
+from llm_latency import event_loop, forks, setup
 
 if TYPE_CHECKING:  # the SDK is an extra: imported only where llm-latency sets it up
     from opentelemetry.sdk.metrics import MeterProvider
@@ -77,7 +77,7 @@ class _Owned:
 _owned: _Owned | None = None
 #: The providers passed to ``instrument()``, flushed by :func:`flush` (None: the global ones).
 _given: tuple[Any, Any] = (None, None)
-_end_lock = threading.RLock()
+_end_lock = forks.rlock()
 #: The end of this process under way (a thread running :func:`_shut_down`).
 _ending: threading.Thread | None = None
 
@@ -290,10 +290,10 @@ def _on_sigterm(signum: int, _frame: FrameType | None) -> None:
 # -- forks ------------------------------------------------------------------------------------
 
 
+@forks.at_fork
 def _after_fork_in_child() -> None:
-    global _stuck, _ending, _end_lock
+    global _stuck, _ending
     _stuck = _ending = None
-    _end_lock = threading.RLock()
     event_loop.stop_all()  # the parent's monitors: the child's loops get new ones
     owned = _owned
     if owned is None:
@@ -321,8 +321,5 @@ def _forget_metric_points(meter_provider: Any) -> None:
             "(this OpenTelemetry SDK's metric storage is not the one llm-latency knows)"
         )
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 setup.WHEN_SET_UP.append(own)

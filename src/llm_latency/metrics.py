@@ -11,7 +11,6 @@ export, at a fraction of the cost on the request path.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -21,7 +20,7 @@ from typing import Any, Final
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from llm_latency import headers, semconv
+from llm_latency import forks, headers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.event_loop import LATE_NS
 from llm_latency.facts import AttemptFacts
@@ -58,13 +57,10 @@ _PROFILE_ORDER: Final = {name: i for i, name in enumerate(headers.RATELIMIT_REMA
 _ALL_TALLIES: weakref.WeakSet[_Tallies] = weakref.WeakSet()
 
 
+@forks.at_fork
 def _reset_after_fork() -> None:
     for tallies in list(_ALL_TALLIES):
         tallies._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class _Tallies:

@@ -16,7 +16,6 @@ has no known host or start. A connection still being opened (DNS, TCP, TLS) is n
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
-from llm_latency import semconv
+from llm_latency import forks, semconv
 from llm_latency.timeline import QUEUE
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ class ConnectionLifetimes:
     ) -> None:
         self._histogram = histogram
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = forks.lock()
         self._open: weakref.WeakKeyDictionary[Any, tuple[float, HostPort]] = (
             weakref.WeakKeyDictionary()
         )
@@ -124,7 +123,7 @@ class PoolMetrics:
     ) -> None:
         self._in_flight = in_flight
         self._report = report
-        self._lock = threading.Lock()
+        self._lock = forks.lock()
         self._pools: weakref.WeakKeyDictionary[Any, PoolReader] = weakref.WeakKeyDictionary()
         # Hosts reported once are reported as 0 afterwards, so that a count falls back to
         # zero (a closed session, an idle program) instead of vanishing at its last value.

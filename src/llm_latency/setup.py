@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
+
+from llm_latency import forks
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
@@ -38,7 +39,7 @@ _logger = logging.getLogger(__name__)
 
 _OTLP_BY_PROTOCOL = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
 
-_lock = threading.Lock()
+_lock = forks.lock()
 _decided = False
 
 #: Called with the tracer provider, the meter provider and the export health once llm-latency

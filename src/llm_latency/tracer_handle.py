@@ -8,13 +8,12 @@ once a provider is set, the real tracer is taken.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from llm_latency import semconv
+from llm_latency import forks, semconv
 from llm_latency.setup import tracer_provider_is_set
 from llm_latency.version import __version__
 
@@ -50,7 +49,7 @@ class TracerHandle:
         # Requests that start while another thread (or greenlet) runs the set-up wait for it,
         # or their spans would go to the API's no-op tracer. Reentrant: a request the set-up
         # itself makes goes on.
-        self._setting_up = threading.RLock()
+        self._setting_up = forks.rlock()
         self._setup_pending = before_first_request is not None
         #: True while :meth:`settle` may still change something (the one check on the hot path).
         self.pending = self._follows_global or self._setup_pending

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
-import threading
 from contextvars import ContextVar
 from typing import Any
 
+from llm_latency import forks
 from llm_latency.adapters._patching import SKIP, FaultReporter, Hook, PatchSet
 from llm_latency.timeline import CONNECT, DNS, Timeline
 
@@ -75,7 +75,7 @@ class _ResolverHooks:
 
     def __init__(self) -> None:
         self._users = 0
-        self._lock = threading.Lock()
+        self._lock = forks.lock()
         self._patches: PatchSet | None = None
 
     def acquire(self, report: FaultReporter) -> list[str]:

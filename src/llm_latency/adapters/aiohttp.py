@@ -36,11 +36,13 @@ from typing import Any, Final
 from aiohttp.client_exceptions import ClientConnectionError
 from opentelemetry.trace import Span
 
+from llm_latency import forks
 from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Tap, Unavailable, phase_hook
 from llm_latency.adapters._resolver import is_ip_literal, peer_address, socket_peer
 from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
 from llm_latency.headers import request_resend_count
+from llm_latency.live_state import register
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolRow
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import (
@@ -88,6 +90,9 @@ _session_request: ContextVar[_SessionRequest | None] = ContextVar(
 # outside the request's task). StreamReader has __slots__, so the attempt cannot ride on the
 # stream itself.
 _streams: dict[Any, Timeline] = {}
+# A forked child's streams are its own: the parent's attempts are not the child's to end.
+forks.at_fork(_streams.clear)
+register("aiohttp_streams", lambda: len(_streams))
 
 
 def _attempt_in_flight() -> Timeline | None:
