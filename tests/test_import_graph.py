@@ -62,6 +62,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.headers",
         "llm_latency.urls",
         "llm_latency.suppression",
+        "llm_latency.import_hooks",
     ),
     # leaves
     (

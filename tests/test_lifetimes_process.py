@@ -89,6 +89,30 @@ async def in_child(look: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return dict(json.loads(await asyncio.to_thread(wait) or b'{"error": "no answer"}'))
 
 
+# -- instrumentations ---------------------------------------------------------------------------
+
+
+def test_instrument_cycles_leave_no_emitter_and_one_import_hook_per_module() -> None:
+    # A fresh process, where no hooked library is imported yet: every instrumentation waits for
+    # each of them (the four clients and the installed SDKs).
+    result = subprocess.run(
+        [sys.executable, str(PROGRAMS / "instrument_cycles.py")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    cycles, last = (json.loads(line) for line in result.stdout.splitlines())
+    hooks = cycles["hooks"]
+    assert "aiohttp" in hooks and "urllib3" in hooks, hooks
+    assert set(hooks.values()) == {1}, hooks  # one hook per module, not one per instrument()
+    assert cycles["live"]["import_hooks"] == len(hooks)
+    # The SDK keeps the first instrumentation's observable callbacks (same meter), hence one.
+    assert cycles["emitters"] <= 1, cycles
+    assert cycles["live"]["emitters"] == cycles["emitters"]
+    # Imported after all that, aiohttp is instrumented by the instrumentation live then.
+    assert last == {"request_spans": 1}
+
+
 # -- forks --------------------------------------------------------------------------------------
 
 

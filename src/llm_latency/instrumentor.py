@@ -6,7 +6,9 @@ no longer show) with one warning line, and the others are instrumented all the s
 
 A library is hooked when the program imports it (at once if it already has): ``instrument()``
 never imports one itself. Importing the openai and anthropic SDKs costs more than a second and
-thousands of modules, which a program that never uses them should not pay.
+thousands of modules, which a program that never uses them should not pay. Each such module has
+one import hook for the life of the process (``import_hooks``), which installs what the
+instrumentation live at the import waits for.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import os
 import sys
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 
-import wrapt
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.dependencies import (
     DependencyConflict,
@@ -33,6 +35,7 @@ from llm_latency import forks, semconv
 from llm_latency.adapters._patching import Unavailable, module_installed
 from llm_latency.emitter import Emitter
 from llm_latency.headers import resolve_capture_list
+from llm_latency.import_hooks import when_imported
 from llm_latency.version import __version__
 from llm_latency.zero_code import warn_if_unconfigured
 
@@ -242,8 +245,11 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     _adapters: list[Adapter]
     emitter: Emitter | None = None
-    #: The emitter whose import hooks may still install adapters (None once uninstrumented).
+    #: The emitter of the live instrumentation, which imports install adapters for (None once
+    #: uninstrumented).
     _live: Emitter | None = None
+    #: Module -> the libraries whose adapter its import installs, for the live instrumentation.
+    _waiting: dict[str, list[tuple[str, Target]]] = {}
     # Reentrant: installing one adapter may import another hooked library, whose import hook
     # then installs its adapter inside the first (botocore's hook imports botocore.client,
     # which imports urllib3 for the first time).
@@ -295,22 +301,26 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._adapters = []
         chosen = [(name, CLIENTS[name]) for name in select_clients(kwargs.get("clients"))]
         chosen += [(name, target) for name, target in SDKS.items() if target.trigger()]
+        waiting: dict[str, list[tuple[str, Target]]] = {}
         for name, target in chosen:
             module = target.trigger() or target.module
             if module in sys.modules:
                 self._add(name, target, emitter)
             else:
-                wrapt.register_post_import_hook(self._when_imported(name, target, emitter), module)
+                waiting.setdefault(module, []).append((name, target))
+        with self._adapters_lock:
+            self._waiting = waiting
+        for module in waiting:  # a module imported since runs its hook at once
+            when_imported(module, _imported)
 
-    def _when_imported(self, name: str, target: Target, emitter: Emitter) -> Callable[[Any], None]:
-        """An import hook that installs the adapter, unless this instrumentation has ended by
-        then (hooks cannot be unregistered: a stale one does nothing)."""
-
-        def imported(_module: Any) -> None:
-            if self._live is emitter:
-                self._add(name, target, emitter)
-
-        return imported
+    def _imported(self, module: str) -> None:
+        """``module`` was imported: install the adapters the live instrumentation waits for."""
+        with self._adapters_lock:
+            emitter = self._live
+            waiting = self._waiting.pop(module, [])
+            if emitter is not None:
+                for name, target in waiting:
+                    self._add(name, target, emitter)
 
     def _add(self, name: str, target: Target, emitter: Emitter) -> None:
         with self._adapters_lock:
@@ -323,9 +333,16 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _uninstrument(self, **kwargs: Any) -> None:
         with self._adapters_lock:
             self._live = None
+            self._waiting = {}
             adapters = getattr(self, "_adapters", [])
             while adapters:
                 adapters.pop().uninstall()
         if self.emitter is not None:
             self.emitter.finish_all()
         self.emitter = emitting.active = None
+
+
+def _imported(module: ModuleType) -> None:
+    """The one import hook of every module an instrumentation waits for: it holds nothing, and
+    reads the instrumentation live when the module is imported."""
+    LLMLatencyInstrumentor()._imported(module.__name__)

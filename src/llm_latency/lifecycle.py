@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics, trace
 
 from llm_latency import event_loop, forks, setup
+from llm_latency.import_hooks import when_imported
 
 if TYPE_CHECKING:  # the SDK is an extra: imported only where llm-latency sets it up
     from opentelemetry.sdk.metrics import MeterProvider
@@ -215,9 +216,7 @@ def _hook_uvicorn() -> None:
     """uvicorn stopped by a signal shuts down gracefully, puts the previous handler back and
     raises the signal again: with the default handler, the process dies without ``atexit``.
     The flush rides on its shutdown, before that."""
-    import wrapt
-
-    wrapt.register_post_import_hook(_patch_uvicorn, "uvicorn.server")
+    when_imported("uvicorn.server", _patch_uvicorn)
 
 
 _uvicorn_patches: list[Any] = []
@@ -251,9 +250,7 @@ def _patch_uvicorn(_module: object) -> None:
 def _hook_celery() -> None:
     """Celery's prefork children (billiard) leave through ``os._exit`` without running any
     finalizer; Celery sends ``worker_process_shutdown`` in the child just before."""
-    import wrapt
-
-    wrapt.register_post_import_hook(_connect_celery, "celery.signals")
+    when_imported("celery.signals", _connect_celery)
 
 
 def _connect_celery(module: Any) -> None:
