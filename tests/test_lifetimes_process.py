@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import requests
 
 import llm_latency
-from llm_latency import emitter
+from llm_latency import emitter, pools
 from tests.checks import int_value
 from tests.conftest import Telemetry
 from tests.otlp_receiver import OTLPReceiver
@@ -215,3 +216,28 @@ async def test_a_forked_child_loses_no_record_of_an_attribute_set_its_parent_rec
     assert result.returncode == 0, result.stderr
     assert "EXITCODE 0" in result.stdout, (result.stdout, result.stderr)
     assert receiver.duration_count == 2 + n, result.stderr  # the parent's two, the child's n
+
+
+# -- pools --------------------------------------------------------------------------------------
+
+
+async def test_a_host_leaves_the_pool_series_once_idle_for_their_age(
+    telemetry: Telemetry, server: LLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    age = 0.2
+    monkeypatch.setattr(pools, "HOST_MAX_AGE", age)
+    session = requests.Session()
+    headers, arrived = server.arrival()
+    calling = threading.Thread(
+        target=session.get, args=(server.url(wait=0.3),), kwargs={"headers": headers}
+    )
+    calling.start()
+    await arrived.wait()
+    seen = hosts_reported(telemetry)  # in flight: its connection and its request
+    await asyncio.to_thread(calling.join, 30)
+    session.close()
+    assert seen["http.client.open_connections"] == {server.host}, seen
+    assert seen["http.client.active_requests"] == {server.host}, seen
+    await asyncio.sleep(age * 1.5)  # idle since, for longer than the age
+    assert hosts_reported(telemetry) == {name: set() for name in HOST_SERIES}
+    assert llm_latency.live_state()["pool_hosts"] == 0

@@ -11,6 +11,10 @@ Nothing is added to the request path:
 
 Only connections opened while the plugin is on are counted: one opened before ``instrument()``
 has no known host or start. A connection still being opened (DNS, TCP, TLS) is not open yet.
+
+A host's series fall back to 0 when it has nothing open or in flight (a closed session, an idle
+program), instead of vanishing at their last value, and leave once it has had nothing for
+:data:`HOST_MAX_AGE`: a program that called a thousand hosts once does not report them forever.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
 from llm_latency import forks, semconv
+from llm_latency.live_state import register
 from llm_latency.timeline import QUEUE
 
 if TYPE_CHECKING:
@@ -41,6 +46,15 @@ PoolReader = Callable[[Any, "ConnectionLifetimes"], Iterable[PoolRow]]
 
 _ACTIVE = semconv.HttpConnectionStateValues.ACTIVE.value
 _IDLE = semconv.HttpConnectionStateValues.IDLE.value
+
+#: Seconds a host stays in the pool series (at 0) after it last had a connection open or a
+#: request in flight at a collection, as a rate-limit value stays in its gauge
+#: (``metrics.RATELIMIT_MAX_AGE``).
+HOST_MAX_AGE = 300.0
+
+_ALL: weakref.WeakSet[PoolMetrics] = weakref.WeakSet()
+register("pools_watched", lambda: sum(len(p._pools) for p in list(_ALL)))
+register("pool_hosts", lambda: sum(p.hosts_kept() for p in list(_ALL)))
 
 
 def limit_or_none(value: int | None) -> int | None:
@@ -120,15 +134,18 @@ class PoolMetrics:
         meter: Meter,
         in_flight: Callable[[], Iterable[AttemptRecord]],
         report: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._in_flight = in_flight
         self._report = report
+        self._clock = clock
         self._lock = forks.lock()
         self._pools: weakref.WeakKeyDictionary[Any, PoolReader] = weakref.WeakKeyDictionary()
-        # Hosts reported once are reported as 0 afterwards, so that a count falls back to
-        # zero (a closed session, an idle program) instead of vanishing at its last value.
-        self._connection_hosts: set[HostPort] = set()
-        self._request_hosts: set[HostPort] = set()
+        # The hosts each series reports, with when each last had something to count (see the
+        # module's docstring).
+        self._connection_hosts: dict[HostPort, float] = {}
+        self._request_hosts: dict[HostPort, float] = {}
+        _ALL.add(self)
         self.lifetimes = ConnectionLifetimes(
             meter.create_histogram(
                 semconv.HTTP_CLIENT_CONNECTION_DURATION,
@@ -174,7 +191,25 @@ class PoolMetrics:
         """Stop reading every pool and tracking every connection (the plugin is off)."""
         with self._lock:
             self._pools.clear()
+            self._connection_hosts.clear()
+            self._request_hosts.clear()
         self.lifetimes.forget()
+
+    def hosts_kept(self) -> int:
+        """How many hosts the series keep now (a host in both kinds of series counts twice)."""
+        return len(self._connection_hosts) + len(self._request_hosts)
+
+    def _recent(self, hosts: dict[HostPort, float], seen: Iterable[HostPort]) -> list[HostPort]:
+        """The hosts a series reports: those ``seen`` now, and those seen within the last
+        :data:`HOST_MAX_AGE` seconds; older ones leave ``hosts``."""
+        now = self._clock()
+        oldest = now - HOST_MAX_AGE
+        with self._lock:
+            for key in seen:
+                hosts[key] = now
+            for key in [key for key, last in hosts.items() if last < oldest]:
+                del hosts[key]
+            return list(hosts)
 
     # -- collection ---------------------------------------------------------------------------
 
@@ -197,9 +232,8 @@ class PoolMetrics:
             total = counts.setdefault(key, [0, 0])
             total[0] += active
             total[1] += idle
-        self._connection_hosts.update(counts)
         observations = []
-        for key in self._connection_hosts:
+        for key in self._recent(self._connection_hosts, counts):
             active, idle = counts.get(key, (0, 0))
             observations.append(Observation(active, _attributes(key, _ACTIVE)))
             observations.append(Observation(idle, _attributes(key, _IDLE)))
@@ -223,8 +257,10 @@ class PoolMetrics:
                 continue
             key = (attempt.host, attempt.port)
             counts[key] = counts.get(key, 0) + 1
-        self._request_hosts.update(counts)
-        return [Observation(counts.get(key, 0), _attributes(key)) for key in self._request_hosts]
+        return [
+            Observation(counts.get(key, 0), _attributes(key))
+            for key in self._recent(self._request_hosts, counts)
+        ]
 
     def _observe_waiting(self, _options: CallbackOptions) -> Iterable[Observation]:
         return self._observe_in_flight(queued_only=True)
