@@ -28,7 +28,7 @@ import requests
 
 import llm_latency
 from llm_latency import emitter, pools
-from tests.checks import int_value
+from tests.checks import histogram, int_value
 from tests.conftest import Telemetry
 from tests.otlp_receiver import OTLPReceiver
 from tests.servers import LLMServer
@@ -241,3 +241,33 @@ async def test_a_host_leaves_the_pool_series_once_idle_for_their_age(
     await asyncio.sleep(age * 1.5)  # idle since, for longer than the age
     assert hosts_reported(telemetry) == {name: set() for name in HOST_SERIES}
     assert llm_latency.live_state()["pool_hosts"] == 0
+
+
+async def test_a_pool_made_under_one_instrumentation_is_read_by_the_next(
+    server: LLMServer,
+) -> None:
+    first = Telemetry()
+    first.instrument()
+    session = requests.Session()
+    try:
+        await asyncio.to_thread(session.get, server.url())  # its pool and connection
+        llm_latency.uninstrument()
+        second = Telemetry()  # its own providers: the pool instruments are its own
+        second.instrument()
+        # The server closes the connection after this answer: the next request opens it again,
+        # under the second instrumentation, in the pool made under the first.
+        await asyncio.to_thread(session.get, server.url(header_Connection="close"))
+        await asyncio.to_thread(session.get, server.url())
+        idle = [
+            int_value(point)
+            for point in second.metric_points("http.client.open_connections")
+            if (point.attributes or {}).get("http.connection.state") == "idle"
+        ]
+        assert idle == [1]
+        durations = [
+            histogram(p).count for p in second.metric_points("http.client.request.duration")
+        ]
+        assert sum(durations) == 2
+    finally:
+        llm_latency.uninstrument()
+        session.close()

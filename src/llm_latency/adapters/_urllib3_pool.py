@@ -1,6 +1,10 @@
 """The requests adapter's view of urllib3's connection pools (``pools``): a pool is read when
 the SDK collects, from the first connection object it makes (``_new_conn``); a connection opens
 at the end of ``HTTPConnection.connect`` and closes at ``close``.
+
+A pool keeps its connection objects and opens a dropped one again in place, without a new
+``_new_conn``: a pool that made its connections under an earlier instrumentation is read by
+the next one from the start (:data:`_MARKED`), or the connections it opens then would never be.
 """
 
 from __future__ import annotations
@@ -20,10 +24,15 @@ CONNECTION: Final = "urllib3.connection:HTTPConnection"
 HTTPS_CONNECTION: Final = "urllib3.connection:HTTPSConnection"
 #: The connections a pool made (a weak set on the pool), to tell its checked-out ones.
 _MADE: Final = "_llm_latency_connections"
+#: Every pool alive that carries :data:`_MADE`.
+_MARKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def pool_hooks(pools: PoolMetrics) -> list[Target]:
-    """The hooks that keep ``pools`` up to date with urllib3's pools and connections."""
+    """The hooks that keep ``pools`` up to date with urllib3's pools and connections; ``pools``
+    reads the pools already marked at once."""
+    for pool in list(_MARKED):
+        pools.watch(pool, _read_pool)
     made = Hook(_itself, partial(_connection_made, pools))
     opened = Hook(_itself, partial(_connection_opened, pools.lifetimes))
     return [
@@ -47,6 +56,7 @@ def _connection_made(pools: PoolMetrics, pool: Any, connection: Any) -> Any:
     members = pool.__dict__.get(_MADE)
     if members is None:
         members = pool.__dict__.setdefault(_MADE, weakref.WeakSet())
+        _MARKED.add(pool)
         pools.watch(pool, _read_pool)
     members.add(connection)
     return connection
