@@ -11,7 +11,8 @@ copies the parent's memory at the moment of the fork, with one thread: the one t
 - A lock another thread of the parent held at the fork (the SDK's reader thread collecting the
   pool metrics, a request opening a connection) stays held in the child, by a thread that does
   not exist there: the child's first use of it would wait forever. Every lock llm-latency keeps
-  beyond one call is made by :func:`lock` or :func:`rlock`, which the child frees again.
+  beyond one call is made by :func:`lock` or :func:`rlock`, which the child frees again, or is
+  replaced by its owner's callback (the tallies', the SDK's metric storage llm-latency set up).
 
 The callbacks run in the order they were registered, each once in each child, before the child
 runs anything else; one that fails is logged and the others still run.
