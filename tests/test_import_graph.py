@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.metrics",
         "llm_latency.histograms",
         "llm_latency.pools",
+        "llm_latency.observables",
         "llm_latency.phase_spans",
         "llm_latency.late_spans",
     ),
@@ -68,6 +69,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "llm_latency.clock",
         "llm_latency.cpu_wait",
+        "llm_latency.live_state",
         "llm_latency.providers",
         "llm_latency.version",
         "llm_latency.testing",

@@ -41,6 +41,7 @@ from llm_latency.event_loop import stop_all as stop_lag_monitors
 from llm_latency.facts import AttemptFacts, LoopLag, error_type, read_facts
 from llm_latency.live_state import register
 from llm_latency.metrics import AttemptMetrics
+from llm_latency.observables import Observed, observed_on
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
@@ -98,7 +99,7 @@ class Emitter:
         self._failure_logged = False
         #: Request methods as the spans and metrics name them, by the method sent.
         self._known_methods: dict[str, str] = {}
-        self.metrics = AttemptMetrics(meter, phase_metrics)
+        self.metrics = AttemptMetrics(None, phase_metrics)
         self._fast_path = phase_span_fast_path
         self._phase_writer = PhaseSpanWriter(tracer, fast_path=phase_span_fast_path)
         self._tracers = TracerHandle(
@@ -112,8 +113,18 @@ class Emitter:
         # Attempts started and not yet ended: ended by finish_all() when the plugin is
         # uninstrumented, since the hooks that would end them are gone then.
         self._open: dict[Timeline, AttemptRecord] = {}
-        self.pools = PoolMetrics(meter, self.in_flight, self.failed_once)
+        self.pools = PoolMetrics(None, self.in_flight, self.failed_once)
         _EMITTERS.add(self)
+        #: The observable instruments this instrumentation's tallies and pools are plugged into.
+        self._observed: Observed | None = None
+        self._use_meter(meter)
+
+    def _use_meter(self, meter: Meter) -> None:
+        """Record into ``meter`` and report through its observable instruments."""
+        self.metrics.use_meter(meter)
+        self.pools.use_meter(meter)
+        self._observed = observed_on(meter)
+        self._observed.plug(self, {**self.metrics.observers(), **self.pools.observers()})
 
     def _tracer_changed(self, tracer: Tracer) -> None:
         self._phase_writer = PhaseSpanWriter(tracer, fast_path=self._fast_path)
@@ -258,6 +269,8 @@ class Emitter:
         for timeline in list(self._open):
             self.finish(timeline)
         self.pools.forget()
+        if self._observed is not None:
+            self._observed.unplug(self)
         stop_lag_monitors()
 
     def in_flight(self) -> list[AttemptRecord]:

@@ -4,9 +4,9 @@ Histograms go through the SDK on each attempt (the request duration, the time to
 the phases and the loop lag carry trace exemplars, the loop lag's from the first attempt it
 delayed in each late stretch; the server's time does not, its attempt's trace is the request
 duration's exemplar). Counters and the rate-limit gauge are kept as
-in-process tallies and reported by observable instruments when the SDK collects: a sum or a
-last value read once per export interval is exactly what recording it on every attempt would
-export, at a fraction of the cost on the request path.
+in-process tallies and reported by observable instruments when the SDK collects (created once
+per meter, ``observables``): a sum or a last value read once per export interval is exactly
+what recording it on every attempt would export, at a fraction of the cost on the request path.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 
 from llm_latency import forks, headers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.event_loop import LATE_NS
 from llm_latency.facts import AttemptFacts
 from llm_latency.histograms import NO_TRACE, HistogramRecorder
+from llm_latency.observables import Observer
 from llm_latency.timeline import CONNECT, DNS, PHASE_NAMES, PROXY, QUEUE, TLS
 
 Attributes = tuple[tuple[str, Any], ...]
@@ -116,10 +117,12 @@ class _FreshValues(_Tallies):
 
 
 class AttemptMetrics:
-    """Creates the instruments on a meter and records finished attempts into them.
+    """Records finished attempts: the histograms into a meter's instruments, the counters and
+    the rate-limit gauge into tallies that the observable instruments read (``observables``).
+    ``meter``: None records nothing into histograms until :meth:`use_meter`;
     ``phase_metrics``: a key of :data:`PHASE_METRICS`, the phases recorded."""
 
-    def __init__(self, meter: Meter, phase_metrics: str = "setup") -> None:
+    def __init__(self, meter: Meter | None = None, phase_metrics: str = "setup") -> None:
         if phase_metrics not in PHASE_METRICS:
             raise ValueError(
                 f"phase_metrics={phase_metrics!r}: one of {', '.join(map(repr, PHASE_METRICS))}"
@@ -127,6 +130,15 @@ class AttemptMetrics:
         #: The phases (``timeline`` indexes) whose durations are recorded.
         self.phases_recorded = PHASE_METRICS[phase_metrics]
         self._answer_sets: dict[tuple[str, Any, Any], _AnswerAttributes] = {}
+        self.retries = _Tallies()
+        self.rate_limited = _Tallies()
+        self.connections = _Tallies()
+        self.ratelimit_remaining = _FreshValues()
+        self.use_meter(NoOpMeter(semconv.SCOPE_NAME) if meter is None else meter)
+
+    def use_meter(self, meter: Meter) -> None:
+        """Record the histograms into ``meter``'s instruments from now on (the meter llm-latency
+        follows was settled: see ``tracer_handle``)."""
         self.request_duration = HistogramRecorder(
             meter.create_histogram(
                 semconv.HTTP_CLIENT_REQUEST_DURATION,
@@ -205,34 +217,15 @@ class AttemptMetrics:
                 explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
             )
         )
-        self.retries = _Tallies()
-        self.rate_limited = _Tallies()
-        self.connections = _Tallies()
-        self.ratelimit_remaining = _FreshValues()
-        meter.create_observable_counter(
-            semconv.RETRIES,
-            [self.retries.observe],
-            unit="{retry}",
-            description="Attempts that were retried, by what caused the retry.",
-        )
-        meter.create_observable_counter(
-            semconv.RATE_LIMITED,
-            [self.rate_limited.observe],
-            unit="{response}",
-            description="Responses with status 429.",
-        )
-        meter.create_observable_counter(
-            semconv.CONNECTIONS,
-            [self.connections.observe],
-            unit="{attempt}",
-            description="Attempts, by whether they ran on a pooled (reused) connection.",
-        )
-        meter.create_observable_gauge(
-            semconv.RATELIMIT_REMAINING,
-            [self.ratelimit_remaining.observe],
-            unit="{unit}",
-            description="Requests or tokens left in the current rate-limit window.",
-        )
+
+    def observers(self) -> dict[str, Observer]:
+        """What the observable instruments read of this instrumentation, by instrument name."""
+        return {
+            semconv.RETRIES: self.retries.observe,
+            semconv.RATE_LIMITED: self.rate_limited.observe,
+            semconv.CONNECTIONS: self.connections.observe,
+            semconv.RATELIMIT_REMAINING: self.ratelimit_remaining.observe,
+        }
 
     def phase(self, attributes: Mapping[str, Any], seconds: float, context: Context) -> None:
         """Record the time one attempt spent in a phase (``attributes``: the phase and host,

@@ -29,6 +29,7 @@ from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
 from llm_latency import forks, semconv
 from llm_latency.live_state import register
+from llm_latency.observables import Observer
 from llm_latency.timeline import QUEUE
 
 if TYPE_CHECKING:
@@ -127,11 +128,12 @@ def _attributes(key: HostPort, state: str | None = None) -> dict[str, Any]:
 
 
 class PoolMetrics:
-    """The pool instruments on one meter, and the pools they read."""
+    """The pools an instrumentation reads, what the pool instruments report of them
+    (:meth:`observers`, for ``observables``), and the connection lifetimes it records."""
 
     def __init__(
         self,
-        meter: Meter,
+        meter: Meter | None,
         in_flight: Callable[[], Iterable[AttemptRecord]],
         report: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
@@ -146,39 +148,27 @@ class PoolMetrics:
         self._connection_hosts: dict[HostPort, float] = {}
         self._request_hosts: dict[HostPort, float] = {}
         _ALL.add(self)
-        self.lifetimes = ConnectionLifetimes(
-            meter.create_histogram(
-                semconv.HTTP_CLIENT_CONNECTION_DURATION,
-                unit="s",
-                description="How long each connection stayed open, from established to closed.",
-                explicit_bucket_boundaries_advisory=semconv.CONNECTION_DURATION_BUCKETS,
-            )
+        self.lifetimes = ConnectionLifetimes(None)
+        if meter is not None:
+            self.use_meter(meter)
+
+    def use_meter(self, meter: Meter) -> None:
+        """Record the connections' lifetimes into ``meter``'s histogram from now on."""
+        self.lifetimes._histogram = meter.create_histogram(
+            semconv.HTTP_CLIENT_CONNECTION_DURATION,
+            unit="s",
+            description="How long each connection stayed open, from established to closed.",
+            explicit_bucket_boundaries_advisory=semconv.CONNECTION_DURATION_BUCKETS,
         )
-        meter.create_observable_up_down_counter(
-            semconv.HTTP_CLIENT_OPEN_CONNECTIONS,
-            [self._observe_connections],
-            unit="{connection}",
-            description="Connections open in the program's HTTP connection pools, by state: "
-            "active (carrying a request) or idle (kept alive for the next one).",
-        )
-        meter.create_observable_gauge(
-            semconv.POOL_LIMIT,
-            [self._observe_limits],
-            unit="{connection}",
-            description="The most connections the program's pools may open to the host.",
-        )
-        meter.create_observable_up_down_counter(
-            semconv.POOL_WAITING,
-            [self._observe_waiting],
-            unit="{request}",
-            description="Requests waiting for a connection from the pool (phase http.queue).",
-        )
-        meter.create_observable_up_down_counter(
-            semconv.HTTP_CLIENT_ACTIVE_REQUESTS,
-            [self._observe_requests],
-            unit="{request}",
-            description="HTTP requests in flight, those waiting for a connection included.",
-        )
+
+    def observers(self) -> dict[str, Observer]:
+        """What the pool instruments read, by instrument name."""
+        return {
+            semconv.HTTP_CLIENT_OPEN_CONNECTIONS: self._observe_connections,
+            semconv.POOL_LIMIT: self._observe_limits,
+            semconv.POOL_WAITING: self._observe_waiting,
+            semconv.HTTP_CLIENT_ACTIVE_REQUESTS: self._observe_requests,
+        }
 
     def watch(self, pool: Any, reader: PoolReader) -> None:
         """Read ``pool`` with ``reader`` at each collection, for as long as the pool lives."""
