@@ -78,7 +78,7 @@ class Emitter:
     def __init__(
         self,
         tracer: Tracer,
-        meter: Meter,
+        meter: Meter | None,
         *,
         capture_headers: tuple[str, ...],
         phase_spans: bool = True,
@@ -107,6 +107,7 @@ class Emitter:
             before_first_request=before_first_request,
             report=self.failed_once,
             on_change=self._tracer_changed,
+            on_meter=self._use_meter if meter is None else None,
         )
         #: The spans of logical calls (the API the retry helper and the SDK adapters drive).
         self.calls = CallSpans(self._tracers, self.metrics)
@@ -117,10 +118,13 @@ class Emitter:
         _EMITTERS.add(self)
         #: The observable instruments this instrumentation's tallies and pools are plugged into.
         self._observed: Observed | None = None
-        self._use_meter(meter)
+        if meter is not None:
+            self._use_meter(meter)
 
     def _use_meter(self, meter: Meter) -> None:
-        """Record into ``meter`` and report through its observable instruments."""
+        """Record into ``meter`` and report through its observable instruments (given to
+        ``instrument()``, set globally before it, or settled at a request since: ``meter`` None
+        at construction)."""
         self.metrics.use_meter(meter)
         self.pools.use_meter(meter)
         self._observed = observed_on(meter)

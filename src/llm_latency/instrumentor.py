@@ -36,6 +36,7 @@ from llm_latency.adapters._patching import Unavailable, module_installed
 from llm_latency.emitter import Emitter
 from llm_latency.headers import resolve_capture_list
 from llm_latency.import_hooks import when_imported
+from llm_latency.setup import meter_provider_is_set
 from llm_latency.version import __version__
 from llm_latency.zero_code import warn_if_unconfigured
 
@@ -274,11 +275,15 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             kwargs.get("tracer_provider"),
             schema_url=semconv.SCHEMA_URL,
         )
-        meter = metrics.get_meter(
-            semconv.SCOPE_NAME,
-            __version__,
-            kwargs.get("meter_provider"),
-            schema_url=semconv.SCHEMA_URL,
+        # Never a meter of the API's proxy (see ``tracer_handle``): with no meter provider
+        # given or set yet, the emitter takes the real meter once one is set.
+        meter_provider = kwargs.get("meter_provider")
+        meter = (
+            metrics.get_meter(
+                semconv.SCOPE_NAME, __version__, meter_provider, schema_url=semconv.SCHEMA_URL
+            )
+            if meter_provider is not None or meter_provider_is_set()
+            else None
         )
         # Without the key and providers, opentelemetry-instrument started this: nothing here
         # sets the SDK up, and without a distro nothing else does either.

@@ -2,8 +2,9 @@
 OpenTelemetry set-up of its own (``--setup before|after|none``).
 
 Its own set-up prints every span it receives as ``MINE <name> <service.name>``; at the end it
-prints ``METRIC <name>`` for each llm-latency metric its reader holds, and ``DONE <monotonic>``
-when its calls are over (so a test can see how long the exit took).
+prints ``METRIC <name>`` for each llm-latency metric its reader holds, ``DIRECT <bool> <bool>``
+(whether the request duration's and the phases' records take the histograms' direct path), and
+``DONE <monotonic>`` when its calls are over (so a test can see how long the exit took).
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ def main() -> None:
                 if scope.scope.name == "llm_latency":
                     for metric in scope.metrics:
                         print(f"METRIC {metric.name}")
+    from llm_latency import emitter
+
+    if emitter.active is not None:
+        recorded = emitter.active.metrics
+        print(f"DIRECT {recorded.request_duration.direct} {recorded.phase_duration.direct}")
     print(f"DONE {time.monotonic()}", flush=True)
 
 
