@@ -4,7 +4,10 @@
 Subjects: the bare client, the official instrumentation
 (``opentelemetry-instrumentation-aiohttp-client``, ``-httpx``, ``-requests``) and llm-latency
 (phase spans on, and off), for aiohttp, httpx, httpx2 and requests, with a JSON answer and a
-50-event stream. The loopback server of ``overhead.py`` runs in its own process, natively; only
+50-event stream. Each is given the providers, as the other benches do; ``llm-latency-default``
+is README's quick start instead: ``instrument()`` with no providers, and the same providers set
+globally after it (as the program's own set-up, or llm-latency's at the first request, sets
+them), so that llm-latency follows them from its first request. The loopback server of ``overhead.py`` runs in its own process, natively; only
 the client runs under callgrind.
 
 How a request's cost is counted. Each worker is one interpreter under callgrind, with
@@ -65,6 +68,11 @@ from overhead import (
     payload_and_url,
 )
 
+#: README's quick start: ``instrument()`` with nothing passed, the providers set after it.
+DEFAULT = "llm-latency-default"
+#: Every subject measured: ``overhead.py``'s, and the default set-up.
+SUBJECTS = (*MODES, DEFAULT)
+
 #: Measurements by client, workload, subject: ``{"request": ..., "export": ..., ...}``.
 Results = dict[str, dict[str, dict[str, dict[str, float]]]]
 
@@ -100,6 +108,13 @@ def _instrument(client: str, subject: str, tracer_provider: Any, meter_provider:
     # The request windows run without the monitor's ticks (counted apart, below): its first
     # timer is never due, and an attempt's own bookkeeping is still counted.
     event_loop.INTERVAL_NS = 10**18
+    if subject == DEFAULT:
+        from opentelemetry import metrics, trace
+
+        llm_latency.instrument(clients=[client])
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+        return
     llm_latency.instrument(
         **providers,
         clients=[client],
@@ -272,7 +287,7 @@ def measure(
     clients: Sequence[str], workloads: Sequence[str], jobs: int, cycles: bool = False
 ) -> Results:
     """Every worker once, ``jobs`` at a time; results by client, workload, subject."""
-    tasks = [(c, s, w) for c in clients for w in workloads for s in MODES]
+    tasks = [(c, s, w) for c in clients for w in workloads for s in SUBJECTS]
     results: Results = {}
     with loopback_server() as port, concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futures = {task: pool.submit(run_worker, *task, port, cycles) for task in tasks}
@@ -289,11 +304,12 @@ def added(subjects: dict[str, dict[str, float]], subject: str, measure: str = "r
 
 
 def table(results: Results) -> list[str]:
-    """Added instructions per request over bare, and the ratio to the official's."""
+    """Added instructions per request over bare, and the ratio to the official's; the default
+    set-up's where it was measured (not in a ``--load`` of a run before it)."""
     lines = [
         "| client | workload | bare k instr | official adds k | llm-latency adds k | ratio "
-        "| phase spans off adds k | ratio |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| phase spans off adds k | ratio | default set-up adds k | ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for client, workloads in results.items():
         for workload, subjects in workloads.items():
@@ -301,10 +317,15 @@ def table(results: Results) -> list[str]:
             official = added(subjects, "otel-contrib")
             ours = added(subjects, "llm-latency")
             off = added(subjects, "llm-latency-no-phase-spans")
+            default = (
+                f"{added(subjects, DEFAULT) / 1e3:,.0f} | {added(subjects, DEFAULT) / official:.2f}"
+                if DEFAULT in subjects
+                else "- | -"
+            )
             lines.append(
                 f"| {client} | {workload} | {bare / 1e3:,.0f} | {official / 1e3:,.0f} | "
                 f"{ours / 1e3:,.0f} | {ours / official:.2f} | {off / 1e3:,.0f} | "
-                f"{off / official:.2f} |"
+                f"{off / official:.2f} | {default} |"
             )
     return lines
 
@@ -323,7 +344,7 @@ def cycles_table(results: Results) -> list[str]:
                 continue
             official = added(subjects, "otel-contrib")
             official_cycles = added(subjects, "otel-contrib", "cycles")
-            for subject in MODES[1:]:
+            for subject in [s for s in SUBJECTS[1:] if s in subjects]:
                 instructions = added(subjects, subject)
                 cycles = added(subjects, subject, "cycles")
                 lines.append(
