@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.attempt_record",
         "llm_latency.facts",
         "llm_latency.setup",
+        "llm_latency.early_spans",
         "llm_latency.zero_code",
         "llm_latency.export_health",
         "llm_latency.call_tree",

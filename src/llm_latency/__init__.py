@@ -13,12 +13,13 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from llm_latency.diagnosis import Finding, diagnose
+from llm_latency.early_spans import drop as drop_early_spans
 from llm_latency.instrumentor import LLMLatencyInstrumentor
 from llm_latency.lifecycle import flush, use_providers
 from llm_latency.live_state import live_state
 from llm_latency.metrics import PHASE_METRICS
 from llm_latency.retry import retry
-from llm_latency.setup import configure_if_unset
+from llm_latency.setup import configure_if_unset, hold_early_spans
 from llm_latency.version import __version__
 
 __all__ = [
@@ -73,7 +74,9 @@ def instrument(
         configure: if, at the first instrumented request, the program has set up neither a
             tracer provider nor a meter provider (and passed none here), set up the
             OpenTelemetry SDK from the ``OTEL_*`` variables (exporters by name, default OTLP
-            over HTTP). Any provider set before then, in any order, is used instead.
+            over HTTP). Any provider set before then, in any order, is used instead. The
+            program's own spans started before then are kept, and exported when llm-latency
+            sets the SDK up.
         time_per_output_chunk: also record ``gen_ai.client.operation.time_per_output_chunk``,
             one histogram record per body chunk of a streamed response after the first (off by
             default: it costs one SDK record per chunk; docs/overhead.md gives the measure).
@@ -92,6 +95,8 @@ def instrument(
         return
     configure_later = configure and tracer_provider is None and meter_provider is None
     use_providers(tracer_provider, meter_provider)
+    if configure_later:
+        hold_early_spans()
     instrumentor.instrument(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
@@ -112,3 +117,4 @@ def uninstrument() -> None:
     if instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.uninstrument()
         use_providers(None, None)
+        drop_early_spans()

@@ -14,6 +14,9 @@ itself, from the standard ``OTEL_*`` variables:
   ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``, ...); ``OTEL_SDK_DISABLED=true``
   turns it off.
 
+A span the program starts before that request (its own span around its first call) is kept on
+a provisional provider until then, and exported if llm-latency sets the SDK up (``early_spans``).
+
 A collector that cannot be reached costs one warning line (the exporters' own repeated errors
 are held back) and about a second at exit (the last export gets that long when exports are
 failing or none has been confirmed yet). What the SDK holds is flushed at every end of the
@@ -29,10 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
-from llm_latency import forks
+from llm_latency import early_spans, forks
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
 
 _logger = logging.getLogger(__name__)
@@ -103,6 +108,15 @@ def metric_exporters(
     return [exporter_class() for exporter_class in found.values()]
 
 
+def hold_early_spans() -> None:
+    """The SDK may be set up at the first request: keep the program's spans started before it
+    (``early_spans``), unless the decision is already taken or foregone."""
+    with _lock:
+        if _decided or _sdk_disabled() or tracer_provider_is_set():
+            return
+        early_spans.hold(_provisional_tracer_provider)
+
+
 def configure_if_unset() -> None:
     """Set the SDK up as the module docstring says, once, if nothing else has. Never raises."""
     global _decided
@@ -110,52 +124,76 @@ def configure_if_unset() -> None:
         if _decided:
             return
         _decided = True
-        if _sdk_disabled() or tracer_provider_is_set() or meter_provider_is_set():
-            return
         try:
-            _configure()
-        except ImportError:
-            _logger.warning(
-                "llm-latency: no OpenTelemetry SDK is set up and none is installed, so "
-                "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' (from a "
-                "checkout: '.[otlp]') or set up your providers"
-            )
-        except Exception as exc:
-            _logger.warning(
-                "llm-latency: could not set up the OpenTelemetry SDK from OTEL_* (%s: %s); "
-                "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' (from a "
-                "checkout: '.[otlp]') for OTLP, or name installed exporters in "
-                "OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER",
-                type(exc).__name__,
-                exc,
-            )
+            if _sdk_disabled() or tracer_provider_is_set() or meter_provider_is_set():
+                return
+            _configure_or_warn()
+        finally:
+            early_spans.drop()  # nothing held any more when llm-latency set the SDK up
 
 
-def _configure() -> None:
+def _configure_or_warn() -> None:
+    try:
+        _configure()
+    except ImportError:
+        _logger.warning(
+            "llm-latency: no OpenTelemetry SDK is set up and none is installed, so "
+            "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' (from a "
+            "checkout: '.[otlp]') or set up your providers"
+        )
+    except Exception as exc:
+        _logger.warning(
+            "llm-latency: could not set up the OpenTelemetry SDK from OTEL_* (%s: %s); "
+            "llm-latency's spans and metrics go nowhere: install 'llm-latency[otlp]' (from a "
+            "checkout: '.[otlp]') for OTLP, or name installed exporters in "
+            "OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER",
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _tracer_provider(resource: Resource) -> TracerProvider:
+    """A tracer provider as the SDK reads ``OTEL_*`` (sampler, id generator), with no span
+    processor, flushed by ``lifecycle`` rather than at exit by itself."""
     from opentelemetry.sdk._configuration import (
         _get_id_generator,
         _get_sampler,
         _import_id_generator,
         _import_sampler,
     )
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from llm_latency.export_health import ExportHealth, QuietMetricExporter, QuietSpanExporter
-
-    health = ExportHealth()
-    resource = Resource.create()
-    tracer_provider = TracerProvider(
+    return TracerProvider(
         resource=resource,
         sampler=_import_sampler(_get_sampler()),
         id_generator=_import_id_generator(_get_id_generator()),
         shutdown_on_exit=False,
     )
-    for exporter in span_exporters():
-        tracer_provider.add_span_processor(BatchSpanProcessor(QuietSpanExporter(exporter, health)))
+
+
+def _provisional_tracer_provider() -> TracerProvider:
+    from opentelemetry.sdk.resources import Resource
+
+    return _tracer_provider(Resource.create())
+
+
+def _configure() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from llm_latency.export_health import ExportHealth, QuietMetricExporter, QuietSpanExporter
+
+    health = ExportHealth()
+    # The held spans' resource, when the program started any: one resource for every span.
+    resource = early_spans.resource() or Resource.create()
+    tracer_provider = _tracer_provider(resource)
+    processors = [
+        BatchSpanProcessor(QuietSpanExporter(exporter, health)) for exporter in span_exporters()
+    ]
+    for processor in processors:
+        tracer_provider.add_span_processor(processor)
     readers = [
         item
         if isinstance(item, MetricReader)
@@ -167,5 +205,6 @@ def _configure() -> None:
     )
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
+    early_spans.hand_over(processors)
     for hook in WHEN_SET_UP:
         hook(tracer_provider, meter_provider, health)
