@@ -70,7 +70,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "llm_latency.clock",
         "llm_latency.cpu_wait",
-        "llm_latency.live_state",
         "llm_latency.providers",
         "llm_latency.version",
         "llm_latency.testing",

@@ -31,15 +31,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from llm_latency import live_state
+from llm_latency import forks, live_state
 
 try:  # the SDK is an extra: nothing is held without it
     from opentelemetry.sdk.trace import SpanProcessor
@@ -61,7 +59,7 @@ class _Gate(SpanProcessor):
     released, then passes them, and those that end later, to the processors it was given."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = forks.lock()
         self._held: list[ReadableSpan] = []
         #: The processors spans go to once released (None: not yet; empty: dropped).
         self._to: Sequence[SpanProcessor] | None = None
@@ -89,9 +87,7 @@ class _Gate(SpanProcessor):
                 processor.on_end(span)
 
     def after_fork(self) -> None:
-        # What a forked child inherited is its parent's to hand over; the child's one thread
-        # could not take a lock the parent's other threads held.
-        self._lock = threading.Lock()
+        # What a forked child inherited is its parent's to hand over.
         self._held = []
 
 
@@ -100,7 +96,7 @@ class _Holding:
 
     def __init__(self, build: Callable[[], TracerProvider]) -> None:
         self._build: Callable[[], TracerProvider] | None = build
-        self._lock = threading.Lock()
+        self._lock = forks.lock()
         self.provider: TracerProvider | None = None
         self.gate = _Gate()
 
@@ -125,7 +121,7 @@ class _Holding:
         )
 
 
-_lock = threading.Lock()
+_lock = forks.lock()
 _holding: _Holding | None = None
 #: The API's own ``ProxyTracer._tracer``, put back at the decision.
 _api_property: property | None = None
@@ -214,16 +210,11 @@ def drop() -> None:
         holding.gate.release(())
 
 
+@forks.at_fork
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()
     holding = _holding
     if holding is not None:
-        holding._lock = threading.Lock()
         holding.gate.after_fork()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 live_state.register("held_spans", lambda: 0 if _holding is None else len(_holding.gate))

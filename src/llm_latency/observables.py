@@ -16,14 +16,13 @@ holds the meter, and a dropped meter provider leaves nothing behind.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from llm_latency import live_state, semconv
+from llm_latency import forks, live_state, semconv
 
 #: Reads one instrument's observations when the SDK collects.
 Observer = Callable[[CallbackOptions], Iterable[Observation]]
@@ -112,7 +111,7 @@ class Observed:
 
 
 _BY_METER: weakref.WeakKeyDictionary[Meter, Observed] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+_lock = forks.lock()
 
 
 def observed_on(meter: Meter) -> Observed:
