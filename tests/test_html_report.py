@@ -26,6 +26,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from llm_latency.cli.html_report import RunDetails, html_page
 from llm_latency.cli.results import to_results
+from llm_latency.cli.rhythm import decode_speed
 from llm_latency.diagnosis import diagnose
 from llm_latency.diagnosis.findings import duration
 from tests.command_line import mock_server, run_cli_process
@@ -164,6 +165,7 @@ WATERFALLS_JS = """() => Array.from(document.querySelectorAll('.wf')).map(wf => 
       cls: Array.from(row.classList), label: row.querySelector('.wl').innerText,
       total: row.querySelector('.wv').textContent,
       note: row.querySelector('.note') ? row.querySelector('.note').textContent : null,
+      facts: row.querySelector('.facts') ? row.querySelector('.facts').textContent : null,
       background: getComputedStyle(row).backgroundColor,
       env: row.querySelector('.env') ? bar(row.querySelector('.env')) : null,
       segs: Array.from(row.querySelectorAll('.seg')).map(s => ({
@@ -467,3 +469,39 @@ def test_an_endpoint_with_no_recorded_request(browser: Browser, tmp_path: Path) 
         assert "Cannot combine AUTHORIZATION header" in conclusion
         assert "Authorization: REDACTED" in page.locator("#details").inner_text()
         assert page.evaluate("document.documentElement.scrollWidth") <= 800
+
+
+def test_a_stream_asked_for_in_the_body(browser: Browser, tmp_path: Path) -> None:
+    """A stream asked for by the -d body (with its usage, as docs/cli.md shows), not by
+    --stream: the details say the run streamed, and each row says the request's time to first
+    token, its tokens in and out and its time per output token, as the run's --json does."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    with mock_server("--ttfb", "0.05", "--tokens", "4", "--tokens-per-second", "50") as mock:
+        page_file = tmp_path / "usage.html"
+        result = run_cli_process(
+            "probe", "--json", "--html", str(page_file), "-n", "3", "-d", json.dumps(body), mock.url
+        )
+    assert result.returncode == 0, result.stderr
+    requests = json.loads(result.stdout)["requests"]
+    assert all(r["output_tokens"] == 4 and r["time_per_output_token"] for r in requests)
+    for width in WIDTHS:
+        with opened(browser, page_file, width) as (page, requested):
+            assert_layout(page)
+            assert_self_contained(page_file.read_text(), requested, page_file)
+            details = dict(
+                zip(
+                    page.locator("#details th").all_inner_texts(),
+                    page.locator("#details td").all_inner_texts(),
+                    strict=True,
+                )
+            )
+            assert details["stream"] == "yes"
+            (wf,) = page.evaluate(WATERFALLS_JS)
+            assert_rows_match([wf], requests)
+            for row, request in zip(wf["rows"], requests, strict=True):
+                assert row["facts"] == (
+                    f"first token {duration(request['time_to_first_token'])}, "
+                    f"tokens {request['input_tokens']} in, {request['output_tokens']} out, "
+                    f"{decode_speed(request['time_per_output_token'])}"
+                )

@@ -179,8 +179,9 @@ def probe(
                 break
     output.finish(runs, stopped)
     if html_file:
+        streamed = any(r.asks_to_stream() for r in requests_to_send.values())  # -d's too
         details = RunDetails(started, command_line(click.get_current_context()), client, count,
-                             concurrency, stream, fresh, timeout)  # fmt: skip
+                             concurrency, streamed, fresh, timeout)  # fmt: skip
         results = {url: run.results for url, run in runs.items()}
         _write_html(html_file, html_page(results, details, output.findings, problems))
         output.note(f"wrote {html_file}")

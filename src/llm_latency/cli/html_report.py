@@ -3,8 +3,9 @@
 Top to bottom: the conclusion and the findings (``llm_latency.diagnosis``), the run's details
 (date, the command with its secrets redacted, client, ``-n``/``-c``, stream, timeout), a
 comparison of the endpoints when there are several, then per endpoint a waterfall of every
-request on one labelled time axis and a percentile chart. Inline CSS only: no script, no
-font or image to fetch, so the file opens the same anywhere, offline.
+request on one labelled time axis (under a row, where the server counted the answer, its time
+to first token, tokens and time per output token) and a percentile chart. Inline CSS only: no
+script, no font or image to fetch, so the file opens the same anywhere, offline.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from llm_latency.cli.compare_view import comparison_of
 from llm_latency.cli.redaction import scrub
 from llm_latency.cli.render import PHASE_COLORS
 from llm_latency.cli.results import RequestResult, succeeded, summarize
-from llm_latency.cli.rhythm import endpoint_decode, endpoint_rhythm
+from llm_latency.cli.rhythm import answer_facts, endpoint_decode, endpoint_rhythm
 from llm_latency.diagnosis import Finding
 from llm_latency.diagnosis.findings import NBSP, duration
 from llm_latency.timeline import PHASE_NAMES
@@ -60,6 +61,7 @@ class RunDetails:
     client: str
     requests: int
     concurrency: int
+    #: Whether the requests asked for a streamed answer (``--stream`` or the ``-d`` body).
     stream: bool
     fresh: bool
     timeout: float
@@ -441,6 +443,9 @@ def _request_row(number: int, result: RequestResult, end: float, grid: str) -> s
     if result.resend_count:
         notes.append(f"attempt {result.resend_count + 1}")
     note = f"<div class='note'>{_esc('; '.join(notes))}</div>" if notes else ""
+    answer = answer_facts(result)
+    if answer is not None:
+        note += f"<div class='facts'>{_esc(answer)}</div>"
     return (
         f"<div class='wr o{outcome}'><div class='wl'><span class='num'>#{number}</span>"
         f"<span class='st s{outcome}'>{status}</span>{connection}</div>"
@@ -525,7 +530,8 @@ background:#868e96}.key i.k95{opacity:.4}
 .wf{margin:4px 0}
 .wr{display:grid;grid-template-columns:190px minmax(0,1fr) 72px;column-gap:10px;
 align-items:center;min-height:20px;padding:1px 0}
-.wr .note{grid-column:2/4;font-size:12px;color:#495057;line-height:1.3;padding-bottom:2px}
+.wr .note,.wr .facts{grid-column:2/4;font-size:12px;color:#495057;line-height:1.3;
+padding-bottom:2px}
 .wr.o5xx .note,.wr.ofailed .note{color:#b00020}
 .wr.o429{background:#fff4e6}.wr.o5xx,.wr.ofailed{background:#ffe3e3}.wr.o4xx{background:#fff9db}
 .wr.o429 .note{color:#8a4b00}

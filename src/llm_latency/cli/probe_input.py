@@ -27,6 +27,15 @@ class ProbeRequest:
     headers: list[tuple[str, str]]
     body: bytes | None
 
+    def asks_to_stream(self) -> bool:
+        """Whether the body asks for a streamed answer (``"stream": true``): set by
+        ``--stream`` or by the ``-d`` body itself, which ``--stream`` never overrides."""
+        try:
+            given = json.loads(self.body) if self.body is not None else None
+        except ValueError:
+            return False
+        return isinstance(given, dict) and given.get("stream") is True
+
 
 def parse_url(url: str) -> str:
     """The URL if it is an absolute http(s) URL with a host, else a CLIError (which shows the

@@ -35,6 +35,21 @@ def decode_speed(time_per_output_token: float) -> str:
     return f"{duration(time_per_output_token)} per output token{rate}"
 
 
+def answer_facts(result: RequestResult) -> str | None:
+    """``first token 212 ms, tokens 12 in, 8 out, 12.5 ms per output token (80 tokens/s)``:
+    one request's answer as its server counted it, in the words of the text output; None when
+    the server counted nothing and no token came."""
+    items = []
+    if result.time_to_first_token is not None:
+        items.append(f"first token {duration(result.time_to_first_token)}")
+    if result.input_tokens is not None or result.output_tokens is not None:
+        counted = (result.input_tokens, result.output_tokens)
+        items.append("tokens {} in, {} out".format(*("?" if n is None else n for n in counted)))
+    if result.time_per_output_token is not None:
+        items.append(decode_speed(result.time_per_output_token))
+    return ", ".join(items) or None
+
+
 def endpoint_decode(results: Sequence[RequestResult]) -> str | None:
     """An endpoint's answers as a benchmark run reports them: time to first token and time per
     output token at p50 (tokens per second), over the streamed requests whose server counted
