@@ -150,9 +150,12 @@ def one_error_line(result: Result | subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def probe_json(*args: str, env: Mapping[str, str | None] | None = None) -> dict[str, Any]:
-    """``llm-latency probe --json ARGS``: its report, after a successful run."""
+def probe_json(
+    *args: str, env: Mapping[str, str | None] | None = None, exit_code: int = 0
+) -> dict[str, Any]:
+    """``llm-latency probe --json ARGS``: its report, after a run that ended with ``exit_code``
+    (0: every request succeeded; 3: some got an error status)."""
     result = run_cli("probe", "--json", *args, env=env)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == exit_code, result.stderr
     report: dict[str, Any] = json.loads(result.stdout)
     return report

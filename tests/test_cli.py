@@ -131,7 +131,7 @@ def test_probe_compares_several_urls() -> None:
 
 def test_probe_counts_a_rate_limited_response() -> None:
     with mock_server("--ttfb", "0", "--rate-limit-every", "2", "--tokens", "1") as mock:
-        report = probe_json(mock.url, "-n", "2")
+        report = probe_json(mock.url, "-n", "2", exit_code=3)
     statuses = sorted(r["status"] for r in report["requests"])
     assert statuses == [200, 429]
 

@@ -215,7 +215,7 @@ def test_percentiles_per_status_class() -> None:
     """Two 429s answered at once and two 200s after 0.2 s: the successes' wait p50 is 0.2 s,
     not the 0.1 s of all four mixed; each class has its own table and counts."""
     with mock_server("--ttfb", "0.2", "--tokens", "1", "--rate-limit-every", "2") as mock:
-        report = probe_json(mock.url, "-n", "4")
+        report = probe_json(mock.url, "-n", "4", exit_code=3)  # the 429s failed
         text = run_cli("probe", mock.url, "-n", "4", env={"COLUMNS": "100"})
     by_status = report["summary_by_status"]
     assert isinstance(by_status, dict)
@@ -228,7 +228,7 @@ def test_percentiles_per_status_class() -> None:
     waits = [r["phases"]["wait"] for r in report["requests"] if r["status"] == 200]
     assert summary["wait"]["p50"] == pytest.approx(statistics.median(waits), abs=1e-9)  # 2xx only
     assert summary["total"]["p50"] >= 0.2 - 0.005
-    assert text.returncode == 0, text.stderr
+    assert text.returncode == 3, text.stderr
     assert "percentiles, 2xx: 2 requests (200: 2)" in text.stdout
     assert "percentiles, 4xx: 2 requests (429: 2)" in text.stdout
 
@@ -254,7 +254,7 @@ def test_a_refusal_s_zero_server_time_reads_below_a_millisecond() -> None:
         b"Content-Type: application/json", b"openai-processing-ms: 0"], body=b"{}")  # fmt: skip
     with RawServer(answer) as server:
         result = run_cli("probe", server.url(), env={"COLUMNS": "120"})
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # its only request got a 429
     assert "server <1 ms" in result.stdout
     assert "server 0 µs" not in result.stdout
 
@@ -278,7 +278,7 @@ def test_text_fits_the_terminal_width(width: int) -> None:
             mock_server("--ttfb", "0.01", "--tokens", "2", "--rate-limit-every", "2") as b:  # fmt: skip
         result = run_cli("probe", a.url, b.url + "?api_key=sk-secret-value", "-n", "3",
                          "--stream", env={"COLUMNS": str(width)})  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 3, result.stderr  # the 429s
     out = result.stdout
     lines = out.splitlines()
     assert all(cell_len(line) <= width for line in lines), max(lines, key=cell_len)
@@ -357,6 +357,41 @@ def test_json_and_jsonl_together() -> None:
     result = run_cli("probe", "--json", "--jsonl", "http://127.0.0.1:9/")
     assert result.returncode == 2
     assert "--json and --jsonl" in one_error_line(result)
+
+
+# -- exit codes: a request that failed is a failure, however it failed ---------------------------
+
+
+def test_a_run_whose_every_request_failed_exits_1_whatever_the_failure() -> None:
+    """Every request refused, answered 404, or answered 429: no successful answer, so the run
+    failed (exit code 1), and stderr says what came back."""
+    refused = f"http://127.0.0.1:{unused_port()}/v1/chat/completions"
+    with mock_server("--ttfb", "0", "--tokens", "1", "--rate-limit-every", "1") as mock:
+        missing = run_cli("probe", mock.url.replace("/chat/completions", "/nothing"), "-n", "3")
+        limited = run_cli("probe", mock.url, "-n", "2", "--json")
+    assert "connection refused" in one_error_line(run_cli("probe", refused, "-n", "2"))
+    line = one_error_line(missing)
+    assert "/v1/nothing: 3 of 3 requests got an error status (404: 3)" in line, line
+    line = one_error_line(limited)
+    assert "2 of 2 requests got an error status (429: 2)" in line, line
+    assert [r["status"] for r in json.loads(limited.stdout)["requests"]] == [429, 429]
+
+
+def test_a_run_where_some_requests_failed_exits_3() -> None:
+    """A 429 every second request: each answer measured and reported, the run's output whole,
+    and exit code 3 (some requests failed, none of the URLs failed outright), with a line on
+    stderr; a URL that never answered beside one that did makes the run fail (exit code 1)."""
+    refused = f"http://127.0.0.1:{unused_port()}/v1/chat/completions"
+    with mock_server("--ttfb", "0", "--tokens", "1", "--rate-limit-every", "2") as mock:
+        partly = run_cli("probe", mock.url, "-n", "4", "--json")
+        with mock_server("--ttfb", "0", "--tokens", "1") as healthy:
+            beside = run_cli("probe", healthy.url, refused, "-n", "2")
+    assert partly.returncode == 3, partly.stderr
+    assert "2 of 4 requests got an error status (429: 2)" in one_error_line(partly)
+    statuses = sorted(r["status"] for r in json.loads(partly.stdout)["requests"])
+    assert statuses == [200, 200, 429, 429]
+    assert beside.returncode == 1, beside.stderr
+    assert "connection refused" in one_error_line(beside)
 
 
 @pytest.mark.parametrize("mode", ["text", "jsonl"])

@@ -26,6 +26,7 @@ from llm_latency.cli.probe_input import (
 from llm_latency.cli.probe_output import ProbeOutput
 from llm_latency.cli.redaction import scrub, scrubbed_logging, shown
 from llm_latency.cli.render import make_console
+from llm_latency.cli.run_outcome import FAILED, exit_code, status_lines
 from llm_latency.cli.telemetry import instrumented
 from llm_latency.testing.mock_server import Profile, log_to_stderr, running
 
@@ -134,6 +135,10 @@ def probe(
     API keys come from -H or from OPENAI_API_KEY / ANTHROPIC_API_KEY; they are never printed.
     Several URLs are compared side by side. Ctrl-C stops the run and reports the requests that
     finished (exit code 130).
+
+    Exit codes: 0 when every request got a successful answer, 1 when a URL got none (every
+    request to it was refused, timed out or answered 4xx/5xx) or the input was wrong, 3 when
+    some requests failed but every URL answered at least once.
     """
     for url in urls:
         parse_url(url)
@@ -170,6 +175,7 @@ def probe(
             run = asyncio.run(probe_url(url, request, client, options, collector, output.emitter()))
             runs[names[url]] = run
             problems[names[url]] = error_lines(url, run.errors, timeout)
+            problems[names[url]] += status_lines(names[url], run.results)
             failures += problems[names[url]]
             if run.stopped == "broken pipe":
                 raise BrokenPipeError
@@ -190,8 +196,10 @@ def probe(
         if failures:  # what failed before Ctrl-C is said too
             sys.stderr.write(scrub(lines) + "\n")
         raise KeyboardInterrupt
-    if failures:
-        raise CLIError(lines, raw=True)
+    code = exit_code({url: (run.results, len(run.errors)) for url, run in runs.items()})
+    if code:  # every failure has its line; the fallback is for one that raised nothing
+        fallback = "no successful answer" if code == FAILED else "some requests failed"
+        raise CLIError(lines or f"llm-latency: error: {fallback}", raw=True, exit_code=code)
 
 
 def _write_html(html_file: str, page: str) -> None:
@@ -365,7 +373,7 @@ def run(argv: list[str]) -> int:
             scrub(message if getattr(exc, "raw", False) else f"llm-latency: error: {message}")
             + "\n"
         )
-        return 1
+        return exc.exit_code
     except click.UsageError as exc:
         sys.stderr.write(scrub(f"llm-latency: error: {exc.format_message()}") + "\n")
         return 2

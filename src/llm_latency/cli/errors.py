@@ -15,12 +15,14 @@ class OutputGone(Exception):
 
 
 class CLIError(Exception):
-    """A problem to report to the user as one line, then exit non-zero. With ``raw=True``
-    the message is printed as it is (already one formatted line per problem)."""
+    """A problem to report to the user as one line, then exit with ``exit_code`` (1 unless
+    said). With ``raw=True`` the message is printed as it is (already one formatted line per
+    problem)."""
 
-    def __init__(self, message: str, *, raw: bool = False) -> None:
+    def __init__(self, message: str, *, raw: bool = False, exit_code: int = 1) -> None:
         super().__init__(message)
         self.raw = raw
+        self.exit_code = exit_code
 
 
 def _chain(error: BaseException) -> list[BaseException]:
