@@ -230,8 +230,11 @@ def _attempt_facts(attempt: Attempt) -> tuple[str, ...]:
         facts.append(f"output_tokens={attempt.output_tokens}")
     if attempt.time_per_output_token is not None:
         facts.append(f"per_token={duration(attempt.time_per_output_token)}")
-    elif attempt.server_time_per_output_token_max is not None:
-        facts.append(f"per_token_max={duration(attempt.server_time_per_output_token_max)}")
+    elif attempt.server_time_per_output_token_max is not None and (attempt.output_tokens or 0) > 1:
+        # The prefill is in the server's time: only a bound of the pace (3 times it for 5
+        # tokens after a 400 ms first byte). For one token it is the server's time, shown.
+        bound = duration(attempt.server_time_per_output_token_max)
+        facts.append(f"per_token≤{bound} (server/output_tokens)")
     return tuple(facts)
 
 
