@@ -14,6 +14,11 @@ TYPECHECK ?= $(if $(CONSTRAINTS),no,yes)
 # with the oldest set's opentelemetry-sdk 1.43 (its 0.64b0 requires opentelemetry-proto-json
 # 0.64b0, which PyPI does not have; 0.65b0 and later require the SDK 1.44 and later).
 DOCS_EXAMPLES ?= $(if $(CONSTRAINTS),no,yes)
+# It is installed in the same pip command as the rest, so that the resolver picks versions that
+# agree: installed alone afterwards, its 0.66b1 pins opentelemetry-exporter-otlp-common 0.66b1,
+# older than the newest OTLP exporters (1.45.2) need, and pip check fails.
+DOCS_EXPORTER := 'opentelemetry-exporter-otlp-json-file>=0.65b0,<1'
+DOCS_PACKAGES = $(if $(filter yes,$(DOCS_EXAMPLES)),$(DOCS_EXPORTER))
 PY := $(VENV)/bin/python
 PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
@@ -22,7 +27,7 @@ PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 $(VENV)/.test-installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[test]'
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[test]' $(DOCS_PACKAGES)
 	$(PY) -m pip check
 	# OpenLLMetry's instrumentations, for tests/programs/openllmetry_call.py only: in a folder of
 	# their own, so that opentelemetry-instrument in the other tests does not load them (their
@@ -31,10 +36,6 @@ $(VENV)/.test-installed: pyproject.toml $(CONSTRAINTS)
 		'opentelemetry-instrumentation-openai>=0.62.4,<1' \
 		'opentelemetry-instrumentation-anthropic>=0.62.4,<1' \
 		'opentelemetry-semantic-conventions-ai>=0.5.1,<0.6'
-ifeq ($(DOCS_EXAMPLES),yes)
-	$(PY) -m pip install -q 'opentelemetry-exporter-otlp-json-file>=0.65b0,<1'
-	$(PY) -m pip check
-endif
 	touch $@
 
 $(VENV)/.demo-installed: pyproject.toml $(CONSTRAINTS)
