@@ -52,6 +52,7 @@ What it can say, and what it cannot:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -59,6 +60,7 @@ from typing import NamedTuple
 
 from llm_latency.clock import clock_ns
 from llm_latency.cpu_wait import CpuWaitClock
+from llm_latency.live_state import register
 from llm_latency.timeline import QUEUE, RECEIVE
 
 #: How often a loop with attempts in flight is checked (ns): the resolution of the lag.
@@ -99,9 +101,10 @@ class Delays(NamedTuple):
     exemplar: bool = True
 
 
-_monitors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopLagMonitor] = (
-    weakref.WeakKeyDictionary()
-)
+#: The monitor of each loop, by a weak reference to the loop (the monitor's own): a monitor
+#: holds nothing that holds its loop (its timer is the loop's, held weakly), so the entry ends
+#: with the loop, and the monitor with it.
+_monitors: dict[weakref.ref[asyncio.AbstractEventLoop], LoopLagMonitor] = {}
 #: The monitor found last, with a weak reference to its loop: a program runs its attempts on
 #: one loop, and a weak dictionary's lookup makes a weak reference each time.
 _last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopLagMonitor] | None = None
@@ -117,11 +120,33 @@ def monitor_of_running_loop() -> LoopLagMonitor | None:
     last = _last
     if last is not None and last[0]() is loop:
         return last[1]
-    monitor = _monitors.get(loop)
+    monitor = _monitors.get(weakref.ref(loop))
     if monitor is None:
-        monitor = _monitors[loop] = LoopLagMonitor(loop)
+        _forget_closed()  # a new loop: a worker with a loop per job makes one per job
+        monitor = LoopLagMonitor(loop)
+        _monitors[monitor.loop] = monitor
     _last = (monitor.loop, monitor)
     return monitor
+
+
+def _forget_closed() -> None:
+    """Forget the monitors of loops closed since (a closed loop never runs again, whoever still
+    holds it)."""
+    for ref in list(_monitors):
+        loop = ref()
+        if loop is not None and loop.is_closed():
+            _forget(ref)
+
+
+def _forget(ref: weakref.ref[asyncio.AbstractEventLoop]) -> None:
+    """The loop of ``ref`` closed or went: its monitor is forgotten. Also the weak reference's
+    callback: runs in any thread, in the middle of anything (a collection), so it only takes
+    out."""
+    global _last
+    _monitors.pop(ref, None)
+    last = _last
+    if last is not None and last[0] is ref:
+        _last = None
 
 
 def stop_all() -> None:
@@ -133,15 +158,24 @@ def stop_all() -> None:
     _monitors.clear()
 
 
+register("loop_monitors", lambda: len(_monitors))
+
+
 class LoopLagMonitor:
     """Measures when one event loop was busy, while attempts are in flight on it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        #: A weak reference to the loop watched.
-        self.loop = weakref.ref(loop)
+        #: A weak reference to the loop watched (its monitor is forgotten when the loop goes).
+        self.loop = weakref.ref(loop, _forget)
         self._in_flight = 0
         self._due_ns = 0
-        self._handle: asyncio.TimerHandle | None = None
+        #: Whether a tick is due; the tick's handle, held weakly: the loop holds it (and, by
+        #: its callback, this monitor), never the other way round.
+        self._ticking = False
+        self._handle: weakref.ref[asyncio.TimerHandle] | None = None
+        #: The context the ticks run in: an empty one of their own. A timer copies the current
+        #: context by default, with the span of the attempt that scheduled it.
+        self._context = contextvars.Context()
         self._stopped = False
         #: Each stretch the loop ran late, oldest first.
         self.busy: deque[Stretch] = deque(maxlen=KEPT)
@@ -158,7 +192,7 @@ class LoopLagMonitor:
     def attempt_started(self) -> None:
         """An attempt starts on this loop (call from the loop's thread)."""
         self._in_flight += 1
-        if self._handle is None and not self._stopped:
+        if not self._ticking and not self._stopped:
             self._schedule(clock_ns())
 
     def phase_delays(
@@ -187,7 +221,7 @@ class LoopLagMonitor:
         usual case, kept cheap: no window is read)."""
         self._in_flight -= 1
         now = clock_ns()
-        late = self._handle is not None and now - self._due_ns > LATE_NS
+        late = self._ticking and now - self._due_ns > LATE_NS
         pending = self._pending(now) if late else None
         if pending is None and not self.busy:
             return None
@@ -314,20 +348,25 @@ class LoopLagMonitor:
     def stop(self) -> None:
         """No more ticks; the lag of attempts still in flight is what was seen so far."""
         self._stopped = True
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._ticking = False
+        handle = None if self._handle is None else self._handle()
+        self._handle = None
+        if handle is not None:
+            handle.cancel()
 
     def _schedule(self, now: int) -> None:
         loop = self.loop()
         if loop is None or loop.is_closed():
+            self._ticking = False
             self._handle = None
             return
         self._due_ns = now + INTERVAL_NS
         self._scheduled_ns = now
         if self._cpu_wait is not None:
             self._waited_ns = self._cpu_wait.read() or self._waited_ns
-        self._handle = loop.call_later(INTERVAL_NS / 1e9, self._tick)
+        handle = loop.call_later(INTERVAL_NS / 1e9, self._tick, context=self._context)
+        self._ticking = True
+        self._handle = weakref.ref(handle)
 
     def _stretch(self, due: int, now: int) -> Stretch:
         """The stretch the loop ran late, from ``due`` to ``now``, with the share of the time
@@ -358,6 +397,7 @@ class LoopLagMonitor:
         if self._in_flight > 0 and not self._stopped:
             self._schedule(now)
         else:
+            self._ticking = False
             self._handle = None
             self.busy.clear()
             self.delayed_ends.clear()
