@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from llm_latency.clock import clock_ns
-from llm_latency.cpu_wait import CpuWaitClock
+from llm_latency.cpu_wait import clock_of_this_thread
 from llm_latency.live_state import register
 from llm_latency.timeline import QUEUE, RECEIVE
 
@@ -181,10 +181,11 @@ class LoopLagMonitor:
         self.busy: deque[Stretch] = deque(maxlen=KEPT)
         #: (end, lag) in ``perf_counter_ns`` of each recent attempt the busy loop delayed.
         self.delayed_ends: deque[tuple[int, int]] = deque(maxlen=ENDED_KEPT)
-        self._cpu_wait = CpuWaitClock.of_this_thread()
-        #: When the current tick was scheduled, and the loop thread's run-queue wait then.
+        #: When the current tick was scheduled, the run-queue wait then of the thread that ran
+        #: the loop, and which thread's clock that was (its serial).
         self._scheduled_ns = 0
         self._waited_ns = 0
+        self._waited_on = -1
         self._pending_share: tuple[int, float] | None = None  # (due, share) of the late tick
         #: The start of the late stretch whose first charged attempt carried the exemplar.
         self._exemplar_stretch = -1
@@ -362,8 +363,10 @@ class LoopLagMonitor:
             return
         self._due_ns = now + INTERVAL_NS
         self._scheduled_ns = now
-        if self._cpu_wait is not None:
-            self._waited_ns = self._cpu_wait.read() or self._waited_ns
+        clock = clock_of_this_thread()
+        if clock is not None:
+            self._waited_ns = clock.read() or self._waited_ns
+            self._waited_on = clock.serial
         handle = loop.call_later(INTERVAL_NS / 1e9, self._tick, context=self._context)
         self._ticking = True
         self._handle = weakref.ref(handle)
@@ -372,8 +375,11 @@ class LoopLagMonitor:
         """The stretch the loop ran late, from ``due`` to ``now``, with the share of the time
         since the tick was scheduled that the loop's thread spent waiting for a CPU."""
         share = 0.0
-        if self._cpu_wait is not None:
-            waited = self._cpu_wait.read()
+        clock = clock_of_this_thread()
+        # Read only where the loop ran when the tick was scheduled: another thread's count
+        # since then says nothing of this loop.
+        if clock is not None and clock.serial == self._waited_on:
+            waited = clock.read()
             since = now - self._scheduled_ns
             if waited is not None and since > 0:
                 share = min(max(waited - self._waited_ns, 0) / since, 1.0)
