@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import traceback
 import weakref
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Collection, MutableMapping, Sequence
 from typing import Any, Final
 
 from opentelemetry import propagate
@@ -36,7 +36,7 @@ from llm_latency import forks, headers, providers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
-from llm_latency.event_loop import LATE_NS, monitor_of_running_loop
+from llm_latency.event_loop import LATE_NS, closed_in_flight, monitor_of_running_loop
 from llm_latency.event_loop import stop_all as stop_lag_monitors
 from llm_latency.facts import AttemptFacts, LoopLag, error_type, read_facts
 from llm_latency.live_state import register
@@ -112,8 +112,12 @@ class Emitter:
         #: The spans of logical calls (the API the retry helper and the SDK adapters drive).
         self.calls = CallSpans(self._tracers, self.metrics)
         # Attempts started and not yet ended: ended by finish_all() when the plugin is
-        # uninstrumented, since the hooks that would end them are gone then.
+        # uninstrumented, since the hooks that would end them are gone then; forgotten when
+        # their event loop closed or went first (nothing can end them then).
         self._open: dict[Timeline, AttemptRecord] = {}
+        #: Called with the attempts forgotten because their event loop closed or went before
+        #: they ended: an adapter drops what it holds of them (the body stream it owns).
+        self.on_forget: list[Callable[[Collection[Timeline]], object]] = []
         self.pools = PoolMetrics(None, self.in_flight, self.failed_once)
         _EMITTERS.add(self)
         #: The observable instruments this instrumentation's tallies and pools are plugged into.
@@ -196,6 +200,8 @@ class Emitter:
             if monitor is not None:
                 monitor.attempt_started()
                 record.loop_monitor = monitor
+            if closed_in_flight:  # a loop closed or went with attempts in flight (rare)
+                self._forget_closed()
         if carrier is not None and self.propagate:
             propagate.inject(carrier, context=context)
         return span
@@ -266,6 +272,23 @@ class Emitter:
             timeline = record.timeline
             end = timeline.to_epoch_ns(timeline.end_ns)
             self.calls.attempt_ends(call, end, reason, retry_after, record.host)
+
+    def _forget_closed(self) -> None:
+        """Forget the attempts in flight on the loops that closed or went before they ended.
+        Nothing ends them now: their tasks went with the loop (or stay with whatever keeps
+        them, never to run again), and their spans, never ended, are not exported. Kept, they
+        would keep their spans and, through the adapters, the loop and its sockets."""
+        try:
+            closed = set()
+            while closed_in_flight:
+                closed.add(closed_in_flight.pop())
+            abandoned = {t for t, r in list(self._open.items()) if r.loop_monitor in closed}
+            for timeline in abandoned:
+                self._open.pop(timeline, None)
+            for forget in self.on_forget:
+                forget(abandoned)
+        except Exception:  # never break the host program
+            self.failed_once("forgetting the attempts of a closed event loop")
 
     def finish_all(self) -> None:
         """End every attempt still open, and stop watching the pools (at uninstrument: what

@@ -108,6 +108,10 @@ _monitors: dict[weakref.ref[asyncio.AbstractEventLoop], LoopLagMonitor] = {}
 #: The monitor found last, with a weak reference to its loop: a program runs its attempts on
 #: one loop, and a weak dictionary's lookup makes a weak reference each time.
 _last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopLagMonitor] | None = None
+#: Monitors of loops that closed, or went, with attempts still in flight: nothing can end those
+#: attempts now. The emitter forgets them at its next attempt on a loop (usually empty: one
+#: truth test per attempt).
+closed_in_flight: list[LoopLagMonitor] = []
 
 
 def monitor_of_running_loop() -> LoopLagMonitor | None:
@@ -139,14 +143,16 @@ def _forget_closed() -> None:
 
 
 def _forget(ref: weakref.ref[asyncio.AbstractEventLoop]) -> None:
-    """The loop of ``ref`` closed or went: its monitor is forgotten. Also the weak reference's
-    callback: runs in any thread, in the middle of anything (a collection), so it only takes
-    out."""
+    """The loop of ``ref`` closed or went: its monitor is forgotten, and its attempts still in
+    flight are handed to the emitter. Also the weak reference's callback: runs in any thread,
+    in the middle of anything (a collection), so it only takes out and appends."""
     global _last
-    _monitors.pop(ref, None)
+    monitor = _monitors.pop(ref, None)
     last = _last
     if last is not None and last[0] is ref:
         _last = None
+    if monitor is not None and monitor.in_flight > 0:
+        closed_in_flight.append(monitor)
 
 
 def stop_all() -> None:
@@ -156,6 +162,7 @@ def stop_all() -> None:
     for monitor in list(_monitors.values()):
         monitor.stop()
     _monitors.clear()
+    closed_in_flight.clear()
 
 
 register("loop_monitors", lambda: len(_monitors))
@@ -189,6 +196,11 @@ class LoopLagMonitor:
         self._pending_share: tuple[int, float] | None = None  # (due, share) of the late tick
         #: The start of the late stretch whose first charged attempt carried the exemplar.
         self._exemplar_stretch = -1
+
+    @property
+    def in_flight(self) -> int:
+        """The attempts started on this loop and not ended yet."""
+        return self._in_flight
 
     def attempt_started(self) -> None:
         """An attempt starts on this loop (call from the loop's thread)."""

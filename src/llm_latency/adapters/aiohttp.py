@@ -28,7 +28,8 @@ and closes at ``ResponseHandler.connection_lost``; the connector is read when th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Collection, Iterator
 from contextvars import ContextVar
 from functools import partial
 from typing import Any, Final
@@ -93,6 +94,24 @@ _streams: dict[Any, Timeline] = {}
 # A forked child's streams are its own: the parent's attempts are not the child's to end.
 forks.at_fork(_streams.clear)
 register("aiohttp_streams", lambda: len(_streams))
+
+
+def _forget_streams(attempts: Collection[Timeline]) -> None:
+    """The emitter forgot ``attempts`` (their loop closed or went first): their streams are
+    dropped too. Each holds its loop, its connection's socket and, by the waiter of a read in
+    progress, the task reading it."""
+    if attempts:
+        for stream, attempt in list(_streams.items()):
+            if attempt in attempts:
+                _streams.pop(stream, None)
+
+
+def _reset(token: Any) -> None:
+    """The request's context variable back as it was, where it can be: a request whose task
+    was destroyed (its loop closed with it in flight) is unwound by the collector, outside the
+    task's context, and the request still ends."""
+    with contextlib.suppress(ValueError):  # "created in a different Context"
+        _session_request.reset(token)
 
 
 def _attempt_in_flight() -> Timeline | None:
@@ -184,11 +203,14 @@ class AiohttpAdapter:
         p.group("connection reuse", [(_BASE_CONNECTOR, "_get", Hook(_found, _pooled))])
         p.group("the send and wait phases", [(_REQUEST, "send", Hook(_send_begins, self._sent))])
         p.group("body chunk times", [(_READER, "feed_data", Tap(_chunk, argument="data"))])
+        self._emitter.on_forget.append(_forget_streams)
 
     def uninstall(self) -> None:
         """Undo every hook. The emitter ends the attempts still in flight."""
         self._patches.restore()
         _streams.clear()
+        if _forget_streams in self._emitter.on_forget:
+            self._emitter.on_forget.remove(_forget_streams)
 
     # -- the call and the attempt -------------------------------------------------------------
 
@@ -222,14 +244,14 @@ class AiohttpAdapter:
 
     def _request_returns(self, state: tuple[_SessionRequest, Any], result: Any) -> Any:
         call, token = state
-        _session_request.reset(token)
+        _reset(token)
         # Never handed to its response (a fault in between): nothing else will end it.
         self._end_before_headers(call)
         return result
 
     def _request_fails(self, state: tuple[_SessionRequest, Any], exc: BaseException) -> None:
         call, token = state
-        _session_request.reset(token)
+        _reset(token)
         self._end_before_headers(call, exc)
 
     def _attempt_begins(self, conn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
