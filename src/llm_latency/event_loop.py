@@ -12,6 +12,15 @@ every ``INTERVAL_NS``; when it runs late, the loop was busy from the moment it w
 ran. Each time the loop runs, it polls its sockets first, so a phase that ended right after a
 busy stretch was delayed by at most that stretch: that is the lag charged to the phase.
 
+A monitor lives as long as its loop and holds nothing of it: the loop holds the monitor's timer
+(the monitor keeps a weak reference to it), the ticks run in an empty context of their own (a
+timer copies the current one by default, with the span of the attempt that scheduled it), and
+the CPU-wait clock read is the running thread's (:func:`llm_latency.cpu_wait.clock_of_this_thread`).
+A closed or dropped loop leaves nothing behind: a worker that runs each job in its own loop
+keeps no loop, context, span or file of its jobs. An attempt still in flight when its loop
+closed or went can never end: :data:`closed_in_flight` hands its monitor to the emitter, which
+forgets it.
+
 Phase boundaries are taken by code running on the loop, so none falls inside a stall: a stall
 that starts in one phase delays that phase's end, and the next phase starts after it. The
 charge of a phase is clipped to the phase, so the charges of an attempt's phases never overlap
