@@ -106,11 +106,11 @@ def test_per_chunk_hooks_are_plain_functions() -> None:
             loop = asyncio.get_running_loop()
             reader = StreamReader(BaseProtocol(loop), 2**16, loop=loop)
             timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
-            aiohttp_adapter._streams[reader] = timeline
+            aiohttp_adapter._streams[id(reader)] = timeline
             try:
                 reader.feed_data(b"data: {}\n\n")
             finally:
-                del aiohttp_adapter._streams[reader]
+                del aiohttp_adapter._streams[id(reader)]
             return timeline
 
         timeline = asyncio.run(feed_one())

@@ -12,16 +12,17 @@ SHAPE:
 - ``abandon``: each job starts a streamed request and a non-streamed one with aiohttp on one
   loop, a streamed one with httpx and one with httpx2 on another, runs each loop until the
   streamed ones have their first chunk and the other was sent, then closes it with them in
-  flight (never awaited to their end, never cancelled: the tasks are destroyed).
+  flight (never awaited to their end, never cancelled: the tasks are destroyed);
+- ``drop``: aiohttp's two requests of ``abandon``, their loop dropped without being closed.
 
 LOOP: ``asyncio`` or ``uvloop``. SETUP: ``plain`` (the same OpenTelemetry set-up, nothing
 instrumented) or ``instrumented`` (``llm_latency.instrument()`` with it). URL: the mock server's
 chat completions (``llm-latency mock-server``). JOBS: how many.
 
 The line: ``jobs`` done, the first ``error`` (or null), and at the end, after a full
-collection: ``files`` open, ``closed_loops`` alive, ``objects`` alive (and their growth since
-the warm-up jobs), ``schedstat_files`` (threads' CPU-wait readers), ``live_state()``, and the
-``spans`` exported.
+collection: ``files`` open, event ``loops`` alive (and ``closed_loops``), ``objects`` alive
+(and their ``growth`` since the warm-up jobs), ``schedstat_files`` (threads' CPU-wait
+readers), ``live_state()``, and the ``spans`` exported.
 """
 
 from __future__ import annotations
@@ -173,6 +174,13 @@ def abandon(kind: str, url: str) -> None:
         loop.close()
 
 
+def drop(kind: str, url: str) -> None:
+    """aiohttp's loop of :func:`abandon`, dropped unclosed (httpx's would stay, with its files,
+    with or without llm-latency: anyio keeps it)."""
+    loop = new_loop(kind)
+    loop.run_until_complete(in_flight(partial(aiohttp_stream, url), partial(aiohttp_wait, url)))
+
+
 def schedstat_files() -> int:
     """The files open on a thread's scheduler statistics (the CPU-wait readers)."""
     count = 0
@@ -188,6 +196,7 @@ def measure() -> dict[str, Any]:
     return {
         "files": len(os.listdir("/proc/self/fd")),
         "schedstat_files": schedstat_files(),
+        "loops": len(loops),
         "closed_loops": sum(1 for loop in loops if loop.is_closed()),
         "objects": len(gc.get_objects()),
         "live": llm_latency.live_state(),
@@ -204,7 +213,7 @@ def main(shape: str, kind: str, setup: str, url: str, jobs: int) -> None:
     meter_provider = MeterProvider([InMemoryMetricReader()])
     if setup == "instrumented":
         llm_latency.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    each = {"run": run_job, "thread": in_a_thread, "abandon": abandon}[shape]
+    each = {"run": run_job, "thread": in_a_thread, "abandon": abandon, "drop": drop}[shape]
     done, error, warm = 0, None, None
     for number in range(jobs):
         if number == min(WARMUP, jobs // 3):

@@ -89,21 +89,23 @@ _session_request: ContextVar[_SessionRequest | None] = ContextVar(
 # ``ClientSession._request`` call running in this task (``_session_request``); from the
 # headers on, its response body stream, here (the body arrives in the connection's callbacks,
 # outside the request's task). StreamReader has __slots__, so the attempt cannot ride on the
-# stream itself.
-_streams: dict[Any, Timeline] = {}
+# stream itself. Keyed by the stream's id, not the stream: a stream holds its loop, its
+# connection's socket and, by a read's waiter, the task reading it, and a program that drops
+# its loop unclosed with a body unread drops them all. The entry goes with the stream: the
+# response's release, close or collection (``__del__``, hooked) ends its attempt first.
+_streams: dict[int, Timeline] = {}
 # A forked child's streams are its own: the parent's attempts are not the child's to end.
 forks.at_fork(_streams.clear)
 register("aiohttp_streams", lambda: len(_streams))
 
 
 def _forget_streams(attempts: Collection[Timeline]) -> None:
-    """The emitter forgot ``attempts`` (their loop closed or went first): their streams are
-    dropped too. Each holds its loop, its connection's socket and, by the waiter of a read in
-    progress, the task reading it."""
+    """The emitter forgot ``attempts`` (their loop closed or went first): their streams'
+    entries go too, now rather than when the program lets go of the responses."""
     if attempts:
-        for stream, attempt in list(_streams.items()):
+        for key, attempt in list(_streams.items()):
             if attempt in attempts:
-                _streams.pop(stream, None)
+                _streams.pop(key, None)
 
 
 def _reset(token: Any) -> None:
@@ -234,7 +236,7 @@ class AiohttpAdapter:
         """End the attempt the body ``stream`` owns, if any (whichever of the stream's end,
         the response's release or close, a failed read or the connection's close comes
         first; the others then find nothing)."""
-        attempt = _streams.pop(stream, None)
+        attempt = _streams.pop(id(stream), None)
         if attempt is None:
             return
         if error is None:
@@ -307,7 +309,7 @@ class AiohttpAdapter:
         content = response.content
         # From here on the body stream owns the attempt (before anything here can fail: the
         # response's release or close then still ends it).
-        _streams[content] = attempt
+        _streams[id(content)] = attempt
         _headers_received(attempt, response)
         if content.is_eof():  # no body, or all of it came with the headers
             self._end_body(content)
@@ -329,7 +331,7 @@ class AiohttpAdapter:
         # Closing the connection (the session or connector closing) drops the body stream
         # without telling it: the attempt ends here, cut short.
         payload = protocol._payload
-        if payload is None or payload not in _streams:
+        if payload is None or id(payload) not in _streams:
             return
         # A body that ends at the close (no length, not chunked) is complete: feed_eof marks
         # the stream before its callbacks release the connection.
@@ -482,13 +484,13 @@ def _response_fails(state: tuple[_SessionRequest, Timeline, Any], exc: BaseExcep
 
 
 def _body_read(stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return stream if stream in _streams else SKIP
+    return stream if id(stream) in _streams else SKIP
 
 
 def _chunk(stream: Any, data: bytes) -> None:
     """A body chunk reached a response's ``StreamReader`` (a ``Tap``: per chunk, kept cheap)."""
     if data:
-        attempt = _streams.get(stream)
+        attempt = _streams.get(id(stream))
         if attempt is not None:
             attempt.chunk(data)
 
