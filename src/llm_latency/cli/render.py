@@ -18,7 +18,7 @@ from rich.text import Text
 
 from llm_latency import semconv
 from llm_latency.cli.results import RequestResult, StatusSummary, summarize_by_status
-from llm_latency.cli.rhythm import decode_speed, rhythm
+from llm_latency.cli.rhythm import rhythm, token_facts
 from llm_latency.diagnosis.findings import NBSP, Finding, duration, keep_units
 from llm_latency.timeline import PHASE_NAMES
 
@@ -148,11 +148,7 @@ def facts(result: RequestResult) -> list[str]:
     if result.time_to_first_token is not None:
         items.append(f"first token {duration(result.time_to_first_token)}")
     items.append(f"end {duration(result.total)}")
-    if result.input_tokens is not None or result.output_tokens is not None:
-        counted = (result.input_tokens, result.output_tokens)
-        items.append("tokens {} in, {} out".format(*("?" if n is None else n for n in counted)))
-    if result.time_per_output_token is not None:
-        items.append(decode_speed(result.time_per_output_token))
+    items += token_facts(result)
     if result.server_processing is not None:
         # 0 from a header in whole ms (a refusal's, say) is below what it can tell, not 0.
         server = result.server_processing

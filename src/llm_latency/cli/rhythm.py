@@ -42,12 +42,20 @@ def answer_facts(result: RequestResult) -> str | None:
     items = []
     if result.time_to_first_token is not None:
         items.append(f"first token {duration(result.time_to_first_token)}")
+    items += token_facts(result)
+    return ", ".join(items) or None
+
+
+def token_facts(result: RequestResult) -> list[str]:
+    """``tokens 12 in, 8 out`` and ``12.5 ms per output token (80 tokens/s)``, each where the
+    server counted it."""
+    items = []
     if result.input_tokens is not None or result.output_tokens is not None:
         counted = (result.input_tokens, result.output_tokens)
         items.append("tokens {} in, {} out".format(*("?" if n is None else n for n in counted)))
     if result.time_per_output_token is not None:
         items.append(decode_speed(result.time_per_output_token))
-    return ", ".join(items) or None
+    return items
 
 
 def endpoint_decode(results: Sequence[RequestResult]) -> str | None:
