@@ -117,12 +117,22 @@ class LLMServer:
     requests: collections.deque[dict[str, Any]] = field(default_factory=collections.deque)
     #: Set when a request carrying ``x-test-marker: <key>`` reaches the handler.
     arrivals: dict[str, asyncio.Event] = field(default_factory=dict)
+    #: The server answers a request carrying ``x-test-marker: <key>`` once this is set.
+    releases: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def arrival(self) -> tuple[dict[str, str], asyncio.Event]:
         """Headers to send, and the event set when the server has read that request."""
         marker = uuid.uuid4().hex
         event = self.arrivals[marker] = asyncio.Event()
         return {"x-test-marker": marker}, event
+
+    def holding(self) -> tuple[dict[str, str], asyncio.Event, asyncio.Event]:
+        """Headers to send, the event set when the server has read that request, and the event
+        that lets the server answer it: until it is set, the request holds its connection,
+        however long the machine takes to run what the test does meanwhile."""
+        headers, arrived = self.arrival()
+        release = self.releases[headers["x-test-marker"]] = asyncio.Event()
+        return headers, arrived, release
 
     def url(self, path: str = "/v1/chat/completions", host: str | None = None, **query: Any) -> str:
         qs = "&".join(f"{k}={v}" for k, v in query.items())
@@ -138,13 +148,18 @@ async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncI
     app[ATTEMPTS] = {}
     seen: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)  # the latest
     arrivals: dict[str, asyncio.Event] = {}
+    releases: dict[str, asyncio.Event] = {}
 
     @web.middleware
     async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
         seen.append({"path": request.path, "headers": dict(request.headers)})
-        arrived = arrivals.get(request.headers.get("x-test-marker", ""))
+        marker = request.headers.get("x-test-marker", "")
+        arrived = arrivals.get(marker)
         if arrived is not None:
             arrived.set()
+        release = releases.get(marker)
+        if release is not None:  # a guard against a hang, not a bound
+            await asyncio.wait_for(release.wait(), 30)
         return await handler(request)
 
     app.middlewares.append(record)
@@ -156,7 +171,9 @@ async def llm_server(ssl_context: Any = None, host: str = "127.0.0.1") -> AsyncI
     await site.start()
     port = runner.addresses[0][1]
     try:
-        yield LLMServer(host, port, "https" if ssl_context else "http", runner, seen, arrivals)
+        yield LLMServer(
+            host, port, "https" if ssl_context else "http", runner, seen, arrivals, releases
+        )
     finally:
         await runner.cleanup()
 

@@ -117,19 +117,24 @@ async def test_server_resets_mid_body(
 
 @ALL_KINDS
 async def test_pool_timeout(telemetry: Telemetry, server: LLMServer, kind: str) -> None:
+    """The only connection is held by a first request, which the server answers only once the
+    second has given up waiting for it (the pool timeout, 0.2 s): the second fails in its queue
+    phase, in whichever order and however late a loaded machine starts the two (a sync
+    client's requests run in threads of their own)."""
+
     async def scenario() -> None:
         module: Any = __import__(kind.split("-")[0])
+        headers, arrived, release = server.holding()
         async with Client(
             kind, limits=module.Limits(max_connections=1), timeout=timeout(kind, pool=0.2)
         ) as client:
-            results = await asyncio.gather(
-                client.request("GET", server.url(wait=0.6)),
-                client.request("GET", server.url()),
-                return_exceptions=True,
-            )
-        for result in results:  # both requests are over: raise what the second one raised
-            if isinstance(result, BaseException):
-                raise result
+            first = asyncio.ensure_future(client.request("GET", server.url(), headers=headers))
+            try:
+                await asyncio.wait_for(arrived.wait(), 30)  # a guard against a hang, not a bound
+                await client.request("GET", server.url())  # raises what the second one raised
+            finally:
+                release.set()
+                await first
 
     outcome = await compare(telemetry, scenario)
     assert outcome.kind is not None and outcome.kind.__name__ == "PoolTimeout"
