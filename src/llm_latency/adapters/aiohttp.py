@@ -484,7 +484,9 @@ def _response_fails(state: tuple[_SessionRequest, Timeline, Any], exc: BaseExcep
 
 
 def _body_read(stream: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return stream if id(stream) in _streams else SKIP
+    # Asked per read: whether the stream is an attempt's is left to the failure, where
+    # ``_end_body`` finds it or not.
+    return stream
 
 
 def _chunk(stream: Any, data: bytes) -> None:
