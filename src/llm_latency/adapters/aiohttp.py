@@ -109,9 +109,9 @@ def _forget_streams(attempts: Collection[Timeline]) -> None:
 
 
 def _reset(token: Any) -> None:
-    """The request's context variable back as it was, where it can be: a request whose task
-    was destroyed (its loop closed with it in flight) is unwound by the collector, outside the
-    task's context, and the request still ends."""
+    """The request's context variable back as it was, where it can be, on the failure path: a
+    request whose task was destroyed (its loop closed with it in flight) is unwound by the
+    collector, outside the task's context, and the request still ends."""
     with contextlib.suppress(ValueError):  # "created in a different Context"
         _session_request.reset(token)
 
@@ -246,7 +246,7 @@ class AiohttpAdapter:
 
     def _request_returns(self, state: tuple[_SessionRequest, Any], result: Any) -> Any:
         call, token = state
-        _reset(token)
+        _session_request.reset(token)
         # Never handed to its response (a fault in between): nothing else will end it.
         self._end_before_headers(call)
         return result
