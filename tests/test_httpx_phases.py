@@ -4,6 +4,7 @@ injected by loopback peers, and the span ending when the body is read or closed.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from typing import Any
 
@@ -13,8 +14,9 @@ from opentelemetry.trace import StatusCode
 import llm_latency
 from llm_latency.testing import HandshakeDelay
 from tests.attributes import attributes, float_attr, longest_gap_seen
-from tests.checks import SLACK, assert_about, assert_tiles, served_within
+from tests.checks import EARLY, SLACK, TRIES, assert_about, assert_tiles, served_within
 from tests.conftest import Telemetry, seconds
+from tests.cpu_waits import collector_pauses, machine_waits
 from tests.httpx_clients import KINDS, Client
 from tests.servers import LLMServer
 from tests.span_tree import phase_nodes, span_tree
@@ -79,12 +81,27 @@ async def test_tls_phase(
 
 
 async def test_pool_limit_queues(telemetry: Telemetry, server: LLMServer, kind: str) -> None:
-    async with Client(kind, limits=_limits(kind, max_connections=1)) as client:
-        await asyncio.gather(*(client.request("GET", server.url(wait=0.2)) for _ in range(3)))
-    requests = telemetry.requests()
-    assert len(requests) == 3
-    queued = sorted(seconds(p["queue"]) for p in map(telemetry.phases, requests) if "queue" in p)
-    assert len(queued) == 2
+    """Three requests through one connection: the second and third queue for one and two of
+    the server's 0.2 s answers. A run whose queues are longer than that by no more than what
+    the machine measurably took meanwhile (this process's run-queue waits: a sync client's
+    thread woken late takes the connection late; the collector's pauses) runs again, up to
+    :data:`TRIES` times; any other miss fails at once."""
+    for _ in range(TRIES):
+        telemetry.exporter.clear()  # a run again: only its own spans
+        with machine_waits(os.getpid()) as waited, collector_pauses() as collected:
+            async with Client(kind, limits=_limits(kind, max_connections=1)) as client:
+                await asyncio.gather(
+                    *(client.request("GET", server.url(wait=0.2)) for _ in range(3))
+                )
+        requests = telemetry.requests()
+        assert len(requests) == 3
+        phases = map(telemetry.phases, requests)
+        queued = sorted(seconds(p["queue"]) for p in phases if "queue" in p)
+        assert len(queued) == 2
+        assert queued[0] >= 0.2 - EARLY and queued[1] >= 0.4 - EARLY, queued
+        late = max(queued[0] - (0.2 + SLACK), queued[1] - (0.4 + SLACK))
+        if late <= 0 or late > waited.peers + collected.seconds:
+            break
     assert_about(queued[0], 0.2)
     assert_about(queued[1], 0.4)
     assert_tiles(telemetry)

@@ -194,15 +194,20 @@ async def test_a_stalled_loop_is_in_the_lag_histogram(
     setup_telemetry: Telemetry, server: LLMServer
 ) -> None:
     """An attempt whose loop is stalled while its answer waits lagged: it is counted, with the
-    lag its span carries; so is every other attempt that reached the threshold."""
+    lag its span carries; so is every other attempt that reached the threshold. The stall
+    starts as the server (on the same loop) has read the request, whose answer, written in the
+    same turn of the loop, then waits in the socket through the stall: a stall started on a
+    timer could, on a loaded machine, come before the request was sent, and the answer, written
+    after it, more than ``SETTLE_NS`` after it (no lag, rightly)."""
+    headers, arrived = server.arrival()
     async with aiohttp.ClientSession() as session:
 
         async def stall() -> None:
-            await asyncio.sleep(0.01)
+            await arrived.wait()
             time.sleep(0.2)  # noqa: ASYNC251 - the stall under test
 
         async def stalled() -> None:
-            async with session.get(server.url(wait=0.02)) as response:
+            async with session.get(server.url(), headers=headers) as response:
                 await response.read()
 
         await asyncio.gather(stalled(), stall())
