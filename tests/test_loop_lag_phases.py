@@ -385,19 +385,35 @@ def test_a_stall_that_holds_the_pool_is_the_queued_requests_lag(telemetry: Telem
     """Six requests, two connections, a 0.3 s stall while the two are in their handshake (the
     server answers after 0.1 s): the two end 0.2 s late, and so does the turn of every request
     queued behind them, even the ones whose turn comes long after the stall (each holds its
-    connection 0.05 s at least, the server's time). Their queue was the program's too."""
+    connection 0.05 s at least, the server's time). Their queue was the program's too.
+
+    A queued request is charged the lag of the one whose end gave it its turn when that turn
+    came within 20 ms of the end: a run whose queue lag misses its bound by no more than what
+    the machine measurably took meanwhile (this process's and the server's run-queue waits,
+    the collector's pauses: a thread kept from a CPU between the end and the turn, or the
+    machine's share of the stall, which the product counts as descheduled, not lag) runs again,
+    up to TRIES times. Any other miss fails at once."""
     delay, stall, ttfb, requests = 0.1, 0.3, 0.05, 6
     arguments = ("--tls", "--tls-delay", str(delay), "--ttfb", str(ttfb), "--tokens", "1")
-    with mock_server(*arguments) as mock:
-        assert mock.ca_file is not None
-        asyncio.run(queued_behind_a_stall(mock.url, mock.ca_file, stall, requests))
-    attempts = telemetry.attempts()
-    assert len(attempts) == requests
-    phases = [check_attempt(telemetry, attempt, fresh=False) for attempt in attempts]
-    queued = [found for found in phases if "queue" in found]
-    assert len(queued) == requests - 2, queued
+    for _ in range(TRIES):
+        telemetry.exporter.clear()  # a run again: only its own attempts
+        with mock_server(*arguments) as mock:
+            assert mock.ca_file is not None
+            with machine_waits(mock.process.pid) as waited, collector_pauses() as collected:
+                asyncio.run(queued_behind_a_stall(mock.url, mock.ca_file, stall, requests))
+        attempts = telemetry.attempts()
+        assert len(attempts) == requests
+        phases = [check_attempt(telemetry, attempt, fresh=False) for attempt in attempts]
+        queued = [found for found in phases if "queue" in found]
+        assert len(queued) == requests - 2, queued
+        for found in queued:
+            # Its turn came at least the stall, less the handshake's own time, late.
+            assert found["queue"][0] >= stall - delay, found
+        lags = [found["queue"][1] for found in queued]
+        missed = (stall - delay) / 2 - min(lags)
+        if missed <= 0 or missed > waited.total + collected.seconds:
+            break
     for found in queued:
-        duration, lag = found["queue"]
-        # Its turn came at least the stall, less the handshake's own time, late.
-        assert duration >= stall - delay, found
-        assert lag >= (stall - delay) / 2, found
+        assert found["queue"][1] >= (stall - delay) / 2, (
+            f"{found}; {waited}, the garbage collector ran {collected.seconds:.3f} s"
+        )
