@@ -4,8 +4,9 @@ report what the live instrumentation counts.
 The SDK registers an instrument once per meter: ``uninstrument()`` then ``instrument()`` with
 the same meter provider gets the instruments already registered back, and the new callbacks are
 dropped. Whatever is reported after a re-instrumentation must be the second instrumentation's
-(its retries, 429s, reused connections, rate-limit state and pools), an ended instrumentation
-reports nothing, and a dropped meter provider leaves nothing behind.
+(its retries, 429s, reused connections, rate-limit state and pools); an ended instrumentation
+reports its counters' final totals (a program's shutdown exports them after ``uninstrument()``)
+and none of its gauges and pools; a dropped meter provider leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ async def test_the_second_instrumentation_on_one_meter_is_the_one_reported(
         llm_latency.uninstrument()
 
 
-async def test_an_ended_instrumentation_reports_nothing(
+async def test_an_ended_instrumentation_reports_its_final_counts_and_no_live_state(
     server: LLMServer, session: aiohttp.ClientSession
 ) -> None:
     telemetry = Telemetry()
@@ -115,10 +116,24 @@ async def test_an_ended_instrumentation_reports_nothing(
     try:
         await one_instrumentation(session, server, "ended", limited=1, fails=1)
         assert values(telemetry.reader, "llm_latency.rate_limited") == [2]
+        # Counted after that collection: what a program's shutdown (after uninstrument())
+        # exports, with nothing collected in between.
+        await one_instrumentation(session, server, "ended", limited=1, fails=0)
     finally:
         llm_latency.uninstrument()
     reported = {name: metric_points(telemetry.reader, name) for name in OBSERVABLE}
-    assert reported == {name: [] for name in OBSERVABLE}
+    final = {
+        name: sorted(point.value for point in reported.pop(name))
+        for name in ("llm_latency.rate_limited", "llm_latency.retries", "llm_latency.connections")
+    }
+    # Three 429s, one retry, five attempts (one on a new connection, four on it again).
+    assert final == {
+        "llm_latency.rate_limited": [3],
+        "llm_latency.retries": [1],
+        "llm_latency.connections": [1, 4],
+    }
+    # The rate-limit state and the pools are no longer watched: not reported.
+    assert reported == {name: [] for name in OBSERVABLE if name not in final}
 
 
 async def test_a_dropped_meter_provider_leaves_nothing(

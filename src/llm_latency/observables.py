@@ -8,7 +8,10 @@ an instrumentation (the program's meter provider serves ``uninstrument()`` then
 instrumentation's frozen counts for good, and the next one's never. So each meter gets its
 observable instruments once (:func:`observed_on`), whose callbacks read through
 :class:`Observed`'s slot: what the live instrumentation plugs in (its tallies, its pools) and
-takes out when it ends. An ended instrumentation reports nothing; the next one reports its own.
+takes out when it ends. An ended instrumentation's counters go on reporting their final totals
+(what it counted since the SDK last collected is exported at the provider's shutdown, which a
+program runs after ``uninstrument()``), its gauges and pool metrics nothing (what they describe
+is no longer watched); the next instrumentation reports its own.
 
 Kept weakly by the meter: the meter's instruments hold their :class:`Observed`, nothing here
 holds the meter, and a dropped meter provider leaves nothing behind.
@@ -77,6 +80,9 @@ INSTRUMENTS: Final = (
 
 _NOTHING: Mapping[str, Observer] = {}
 
+#: The cumulative counters: an ended instrumentation's totals stay true, so they stay reported.
+COUNTERS: Final = frozenset(name for kind, name, _, _ in INSTRUMENTS if kind == "counter")
+
 
 class Observed:
     """The observable instruments of one meter, reporting what the instrumentation plugged in
@@ -105,9 +111,11 @@ class Observed:
         self._owner, self._observers = owner, dict(observers)
 
     def unplug(self, owner: object) -> None:
-        """``owner`` ended: report nothing, unless another owner was plugged in since."""
+        """``owner`` ended (unless another owner was plugged in since): report its counters'
+        totals, which no longer change, and nothing of its gauges and pools."""
         if self._owner is owner:
-            self._owner, self._observers = None, _NOTHING
+            kept = {name: read for name, read in self._observers.items() if name in COUNTERS}
+            self._owner, self._observers = None, kept
 
 
 _BY_METER: weakref.WeakKeyDictionary[Meter, Observed] = weakref.WeakKeyDictionary()
