@@ -56,7 +56,7 @@ async def test_helper_with_aiohttp_honours_retry_after(
     limited = {"error.type": "429", "http.response.header.retry-after-ms": ["200"]}
     assert span_tree(telemetry.spans()) == [
         {
-            "name": complete.__qualname__,
+            "name": "test_helper_with_aiohttp_honours_retry_after.complete",
             "kind": "INTERNAL",
             "attributes": {"llm_latency.attempts": 3},
             "children": [
@@ -120,9 +120,16 @@ async def test_helper_with_aiohttp_honours_retry_after(
             ],
         }
     ]
-    for wait in assert_one_after_another(telemetry, complete.__qualname__):
+    for wait in assert_one_after_another(
+        telemetry, "test_helper_with_aiohttp_honours_retry_after.complete"
+    ):
         assert 0.2 - 0.005 <= seconds(wait) <= 0.2 + SLACK
-    assert by_name(telemetry, complete.__qualname__).status.status_code is StatusCode.UNSET
+    assert (
+        by_name(
+            telemetry, "test_helper_with_aiohttp_honours_retry_after.complete"
+        ).status.status_code
+        is StatusCode.UNSET
+    )
     (retried,) = telemetry.metric_points("llm_latency.retries")
     assert retried.value == 2
     assert dict(retried.attributes) == {
@@ -148,7 +155,7 @@ async def test_helper_with_httpx2_draws_jittered_waits(
     unavailable = {"error.type": "503", "http.response.status_code": 503}
     assert span_tree(telemetry.spans()) == [
         {
-            "name": complete.__qualname__,
+            "name": "test_helper_with_httpx2_draws_jittered_waits.complete",
             "kind": "INTERNAL",
             "attributes": {"llm_latency.attempts": 3},
             "children": [
@@ -204,7 +211,9 @@ async def test_helper_with_httpx2_draws_jittered_waits(
             ],
         }
     ]
-    for wait in assert_one_after_another(telemetry, complete.__qualname__):
+    for wait in assert_one_after_another(
+        telemetry, "test_helper_with_httpx2_draws_jittered_waits.complete"
+    ):
         assert seconds(wait) <= 0.08 + SLACK
 
 
@@ -222,7 +231,7 @@ async def test_helper_with_requests_retries_a_reset_connection(
     # the second had to open a new one.
     assert span_tree(telemetry.spans()) == [
         {
-            "name": complete.__qualname__,
+            "name": "test_helper_with_requests_retries_a_reset_connection.complete",
             "kind": "INTERNAL",
             "attributes": {"llm_latency.attempts": 2},
             "children": [
@@ -269,7 +278,9 @@ async def test_helper_with_requests_retries_a_reset_connection(
             ],
         }
     ]
-    assert_one_after_another(telemetry, complete.__qualname__)
+    assert_one_after_another(
+        telemetry, "test_helper_with_requests_retries_a_reset_connection.complete"
+    )
     failed = min(telemetry.requests(), key=lambda s: s.start_time or 0)
     assert failed.status.status_code is StatusCode.ERROR
 
@@ -292,7 +303,7 @@ async def test_non_retryable_error_raised_at_once(telemetry: Telemetry, server: 
     # One attempt and no wait: a 400 is not worth another try.
     assert span_tree(telemetry.spans()) == [
         {
-            "name": complete.__qualname__,
+            "name": "test_non_retryable_error_raised_at_once.complete",
             "kind": "INTERNAL",
             "attributes": {"error.type": "ClientResponseError", "llm_latency.attempts": 1},
             "children": [
@@ -313,7 +324,10 @@ async def test_non_retryable_error_raised_at_once(telemetry: Telemetry, server: 
             ],
         }
     ]
-    assert by_name(telemetry, complete.__qualname__).status.status_code is StatusCode.ERROR
+    assert (
+        by_name(telemetry, "test_non_retryable_error_raised_at_once.complete").status.status_code
+        is StatusCode.ERROR
+    )
 
 
 async def test_last_exception_reraised_unchanged(telemetry: Telemetry) -> None:
@@ -338,7 +352,7 @@ async def test_last_exception_reraised_unchanged(telemetry: Telemetry) -> None:
     }
     assert span_tree(telemetry.spans()) == [
         {
-            "name": flaky.__qualname__,
+            "name": "test_last_exception_reraised_unchanged.flaky",
             "kind": "INTERNAL",
             "attributes": {"error.type": "ConnectionResetError", "llm_latency.attempts": 0},
             "children": [wait, wait],
@@ -359,11 +373,13 @@ async def test_deadline_gives_up_instead_of_waiting(
     async with httpx2.AsyncClient() as client:
         with pytest.raises(httpx2.HTTPStatusError):
             await complete(client)
-    assert time.monotonic() - started < 1.0  # it did not sleep the 5 s the server asked for
+    # It did not sleep the 5 s the server asked for (bounded by that wait, not by the machine's
+    # speed: one request took 1.5 s on a loaded machine).
+    assert time.monotonic() - started < 5.0
     # One attempt, and no wait: the one asked for would have passed the deadline.
     assert span_tree(telemetry.spans()) == [
         {
-            "name": complete.__qualname__,
+            "name": "test_deadline_gives_up_instead_of_waiting.complete",
             "kind": "INTERNAL",
             "attributes": {"error.type": "HTTPStatusError", "llm_latency.attempts": 1},
             "children": [
@@ -403,7 +419,7 @@ async def test_cancellation_during_a_wait(telemetry: Telemetry, server: LLMServe
     # The wait the server asked for was under way when the call was cancelled.
     assert span_tree(telemetry.spans()) == [
         {
-            "name": complete.__qualname__,
+            "name": "test_cancellation_during_a_wait.complete",
             "kind": "INTERNAL",
             "attributes": {"error.type": "CancelledError", "llm_latency.attempts": 1},
             "children": [
@@ -435,7 +451,7 @@ async def test_cancellation_during_a_wait(telemetry: Telemetry, server: LLMServe
     wait = by_name(telemetry, "retry.backoff")
     assert wait.status.status_code is StatusCode.ERROR
     assert seconds(wait) < 1.0  # ended at the cancellation, not after the 2 s
-    parent = by_name(telemetry, complete.__qualname__)
+    parent = by_name(telemetry, "test_cancellation_during_a_wait.complete")
     assert parent.status.status_code is StatusCode.ERROR
     telemetry.assert_all_ended_once()
 
@@ -447,6 +463,28 @@ def test_invalid_arguments_are_refused() -> None:
         retry(base_delay=-1)
     with pytest.raises(ValueError, match="deadline"):
         retry(deadline=-1)
+    with pytest.raises(ValueError, match="name"):
+        retry(name=" ")
+
+
+def test_the_call_span_is_named_as_a_trace_list_can_show_it(telemetry: Telemetry) -> None:
+    """After the function's qualified name without ``<locals>`` (which a trace list showed as
+    ``Demo.rate_limited.<locals>.complete``), or after ``name=``."""
+
+    class Client:
+        @retry(attempts=1)
+        def complete(self) -> str:
+            return "ok"
+
+    @retry(attempts=1, name="chat with fallback")
+    def named() -> str:
+        return "ok"
+
+    assert Client().complete() == named() == "ok"
+    assert [span.name for span in telemetry.spans()] == [
+        "test_the_call_span_is_named_as_a_trace_list_can_show_it.Client.complete",
+        "chat with fallback",
+    ]
 
 
 def test_helper_works_uninstrumented() -> None:

@@ -224,12 +224,19 @@ class _Run:
             self._fault("closing the call")
 
 
+def _span_name(func: Callable[..., Any]) -> str:
+    """``func``'s qualified name as a trace list can show it: ``<locals>`` says nothing there."""
+    qualified = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or "retry"
+    return str(qualified).replace(".<locals>", "")
+
+
 def retry(
     attempts: int = 5,
     base_delay: float = 0.5,
     max_delay: float = 30.0,
     deadline: float | None = None,
     retry_on: Callable[[BaseException], bool] | None = None,
+    name: str | None = None,
 ) -> Callable[[F], F]:
     """Retry a sync or async callable on transient failures.
 
@@ -242,22 +249,27 @@ def retry(
             give up at once (re-raising the last error) instead of waiting.
         retry_on: a predicate on the exception; default :func:`is_transient` (408, 409, 429,
             5xx, connection errors and timeouts).
+        name: the name of the call's span; default the function's qualified name without
+            ``<locals>`` (``Client.complete``, ``main.ask`` for a function defined in
+            ``main``).
 
     A wait the server asks for (``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP
     date, on the response the error carries) replaces the drawn one. The last exception is
     always re-raised unchanged; cancellation during a wait propagates at once.
     """
     _validate(attempts, base_delay, max_delay, deadline)
+    if name is not None and not name.strip():
+        raise ValueError("retry: name must not be empty")
     predicate = retry_on or is_transient
 
     def decorate(func: F) -> F:
-        name = getattr(func, "__qualname__", getattr(func, "__name__", "retry"))
+        span_name = name or _span_name(func)
 
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
-                run = _Run(name, _Plan(attempts, base_delay, max_delay, deadline, predicate))
+                run = _Run(span_name, _Plan(attempts, base_delay, max_delay, deadline, predicate))
                 try:
                     for number in range(attempts):
                         run.attempt(number)
@@ -285,7 +297,7 @@ def retry(
 
         @functools.wraps(func)
         def run_sync(*args: Any, **kwargs: Any) -> Any:
-            run = _Run(name, _Plan(attempts, base_delay, max_delay, deadline, predicate))
+            run = _Run(span_name, _Plan(attempts, base_delay, max_delay, deadline, predicate))
             try:
                 for number in range(attempts):
                     run.attempt(number)
