@@ -29,6 +29,7 @@ class Span:
     span_id: str
     parent_id: str | None
     attributes: dict[str, Any]
+    trace_id: str = ""
 
 
 def _value(value: Any) -> Any:
@@ -96,6 +97,7 @@ class OTLPReceiver:
                 span_id=span.span_id.hex(),
                 parent_id=span.parent_span_id.hex() or None,
                 attributes={a.key: _value(a.value) for a in span.attributes},
+                trace_id=span.trace_id.hex(),
             )
             for resource in request.resource_spans
             for scope in resource.scope_spans

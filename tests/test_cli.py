@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from llm_latency.cli.demo import SCENE_SPANS
 from llm_latency.cli.render import PHASE_COLORS
 from llm_latency.testing import LocalDNS
 from tests.checks import SLACK, TRIES
@@ -29,6 +30,7 @@ from tests.command_line import (
     run_cli_process,
 )
 from tests.cpu_waits import collector_pauses, machine_waits
+from tests.otlp_receiver import OTLPReceiver
 from tests.servers import unused_port
 
 # -- probe against mock-server ------------------------------------------------------------------
@@ -215,8 +217,22 @@ def test_mock_server_port_in_use() -> None:
 
 
 def test_demo_prints_every_scene() -> None:
-    result = run_cli_process("demo", timeout=120)
+    receiver = OTLPReceiver()
+    try:
+        result = run_cli_process(
+            "demo", timeout=120, env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+        )
+    finally:
+        receiver.stop()
     assert result.returncode == 0, result.stderr
+    # Exported, each scene is one trace under a root span named after it (a trace list tells
+    # the scenes apart), and no request is outside a scene's trace.
+    roots = {span.trace_id: span.name for span in receiver.spans if span.parent_id is None}
+    assert sorted(roots.values()) == sorted(SCENE_SPANS.values())
+    assert {span.trace_id for span in receiver.spans} == set(roots)
+    assert "demo 4: rate-limited, then retried" in {
+        roots[span.trace_id] for span in receiver.spans if span.name == "retry.backoff"
+    }
     out = result.stdout
     assert not [line for line in out.splitlines() if line != line.rstrip()]  # no trailing spaces
     for scene in ("1a.", "1b.", "2a.", "2b.", "3.", "4.", "5."):

@@ -169,7 +169,7 @@ def probe(
     problems: dict[str, list[str]] = {}
     stopped: str | None = None
     started = datetime.now(timezone.utc)
-    with scrubbed_logging(urls), instrumented("llm-latency-probe", [client]) as (collector, _):
+    with scrubbed_logging(urls), instrumented("llm-latency-probe", [client]) as (collector, _, _):
         for url, request in requests_to_send.items():
             output.begin(names[url], plan)
             run = asyncio.run(probe_url(url, request, client, options, collector, output.emitter()))

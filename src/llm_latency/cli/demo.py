@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.trace import Tracer
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
@@ -48,6 +50,17 @@ BODY = {
     "max_tokens": SHORT,
 }
 
+#: The root span of each scene's trace: a trace list (Jaeger's) tells the scenes apart by it.
+SCENE_SPANS = {
+    "1a": "demo 1a: a new connection per request",
+    "1b": "demo 1b: one pooled session",
+    "2a": "demo 2a: an answer without streaming",
+    "2b": "demo 2b: a streamed answer",
+    "3": "demo 3: a burst through a pool of 2",
+    "4": "demo 4: rate-limited, then retried",
+    "5": "demo 5: a short and a long answer",
+}
+
 
 @dataclass
 class Scene:
@@ -72,6 +85,7 @@ class Demo:
         collector: SpanCollector,
         metrics: InMemoryMetricReader,
         progress: Progress,
+        tracer: Tracer,
     ) -> None:
         self.console = console
         self.url = url
@@ -80,6 +94,13 @@ class Demo:
         self.collector = collector
         self.metrics = metrics
         self.progress = progress
+        self.tracer = tracer
+
+    @contextmanager
+    def scene(self, key: str) -> Iterator[None]:
+        """The scene's requests go into one trace, under a root span named after the scene."""
+        with self.tracer.start_as_current_span(SCENE_SPANS[key]):
+            yield
 
     def session(self, **connector: Any) -> tuple[aiohttp.ClientSession, aiohttp.AsyncResolver]:
         resolver = aiohttp.AsyncResolver(nameservers=[self.dns.nameserver])
@@ -122,12 +143,14 @@ class Demo:
                 await self.post(session)
             await resolver.close()
 
-        await self.steps("fresh connection per request", 4, fresh)
+        with self.scene("1a"):
+            await self.steps("fresh connection per request", 4, fresh)
         fresh_results, fresh_findings = self.take()
-        session, resolver = self.session()
-        async with session:
-            await self.steps("one pooled session", 4, lambda: self.post(session))
-        await resolver.close()
+        with self.scene("1b"):
+            session, resolver = self.session()
+            async with session:
+                await self.steps("one pooled session", 4, lambda: self.post(session))
+            await resolver.close()
         pooled, pooled_findings = self.take()
         fresh_p50 = summarize(fresh_results)["total"]["p50"]
         later = summarize(pooled[1:])["total"]["p50"]
@@ -150,11 +173,13 @@ class Demo:
     async def streaming(self) -> list[Scene]:
         session, resolver = self.session()
         async with session:
-            await self.post(session)  # warm the pool, so the scene compares only the answer
-            self.take()
-            await self.steps("without streaming", 3, lambda: self.post(session))
+            with self.scene("2a"):
+                await self.post(session)  # warm the pool, so the scene compares only the answer
+                self.take()
+                await self.steps("without streaming", 3, lambda: self.post(session))
             plain, plain_findings = self.take()
-            await self.steps("with streaming", 3, lambda: self.post(session, stream=True))
+            with self.scene("2b"):
+                await self.steps("with streaming", 3, lambda: self.post(session, stream=True))
             streamed, streamed_findings = self.take()
         await resolver.close()
         first = summarize(streamed)["first_chunk"]["p50"]
@@ -177,16 +202,20 @@ class Demo:
         ]
 
     async def burst(self) -> list[Scene]:
-        async with watching(self.metrics, HOST) as pool:
-            session, resolver = self.session(limit_per_host=2)
-            async with session:
-                await self.steps(
-                    "8 at once, limit_per_host=2", 8, lambda: self.post(session), concurrent=True
-                )
-                await asyncio.sleep(0.1)  # the pool drained, its connections kept alive
-                kept = pool.states[-1].idle if pool.states else 0
-            await resolver.close()
-            await asyncio.sleep(0.1)  # the connections close
+        with self.scene("3"):
+            async with watching(self.metrics, HOST) as pool:
+                session, resolver = self.session(limit_per_host=2)
+                async with session:
+                    await self.steps(
+                        "8 at once, limit_per_host=2",
+                        8,
+                        lambda: self.post(session),
+                        concurrent=True,
+                    )
+                    await asyncio.sleep(0.1)  # the pool drained, its connections kept alive
+                    kept = pool.states[-1].idle if pool.states else 0
+                await resolver.close()
+                await asyncio.sleep(0.1)  # the connections close
         results, findings = self.take()
         queued = [r.phases["queue"] for r in results if "queue" in r.phases]
         longest = max(queued, default=0.0)
@@ -218,7 +247,8 @@ class Demo:
 
         async with session:
             state.rate_limit_next = 1
-            await self.steps("a rate-limited call, retried", 1, complete)
+            with self.scene("4"):
+                await self.steps("a rate-limited call, retried", 1, complete)
         await resolver.close()
         results, findings = self.take()
         waited = sum(r.total for r in results if r.kind == "backoff")
@@ -237,11 +267,12 @@ class Demo:
         usage = {"stream_options": {"include_usage": True}}
         session, resolver = self.session()
         async with session:
-            await self.post(session)  # warm the pool
-            self.take()
-            for label, tokens in (("a short answer", SHORT), ("a long answer", LONG)):
-                body = {**usage, "max_tokens": tokens}
-                await self.steps(label, 2, functools.partial(self.post, session, True, body))
+            with self.scene("5"):
+                await self.post(session)  # warm the pool
+                self.take()
+                for label, tokens in (("a short answer", SHORT), ("a long answer", LONG)):
+                    body = {**usage, "max_tokens": tokens}
+                    await self.steps(label, 2, functools.partial(self.post, session, True, body))
             results, findings = self.take()
         await resolver.close()
         short = [r for r in results if r.output_tokens == SHORT]
@@ -309,7 +340,7 @@ async def run(console: Console) -> None:
             for line in wrap(intro, console.width):
                 console.print(Text(line), soft_wrap=True)
             with (
-                instrumented("llm-latency-demo", ["aiohttp"]) as (collector, metrics),
+                instrumented("llm-latency-demo", ["aiohttp"]) as telemetry,
                 Progress(
                     TextColumn("{task.description}"),
                     BarColumn(),
@@ -318,7 +349,10 @@ async def run(console: Console) -> None:
                     transient=True,
                 ) as progress,
             ):
-                demo = Demo(console, url, dns, context, collector, metrics, progress)
+                tracer = telemetry.tracer_provider.get_tracer("llm_latency.demo")
+                demo = Demo(
+                    console, url, dns, context, telemetry.spans, telemetry.metrics, progress, tracer
+                )
                 scenes = [
                     *await demo.fresh_vs_pooled(),
                     *await demo.streaming(),

@@ -36,6 +36,8 @@ class Collected(NamedTuple):
 
     spans: SpanCollector
     metrics: InMemoryMetricReader
+    #: The provider of llm-latency's spans: the CLI's own spans (the demo's scenes) go there.
+    tracer_provider: TracerProvider
 
 
 def add_otlp(tracer_provider: TracerProvider, interval_ms: float | None) -> list[MetricReader]:
@@ -72,7 +74,7 @@ def instrumented(service: str, clients: list[str]) -> Iterator[Collected]:
         configure=False,
     )
     try:
-        yield Collected(collector, in_memory)
+        yield Collected(collector, in_memory, tracer_provider)
     finally:
         llm_latency.uninstrument()
         tracer_provider.shutdown()
