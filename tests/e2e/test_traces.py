@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from llm_latency.cli.demo import SCENE_SPANS
+from tests.command_line import run_cli_process
 from tests.e2e.bundle import COMPOSE, get_json, wait_for
 from tests.e2e.conftest import Run, report
 
@@ -219,3 +221,46 @@ def test_the_monitor_tab_answers_in_milliseconds_that_agree_with_the_spans(
         f"Monitor tab, OTLP/{protocol}: p95 {latencies[operation]:.1f} ms (spans: {true_p95:.1f} ms),"
         f" {calls[operation]:.4f} calls/s ({attempts} in 10 min), error rate {errors[operation]:.3f}"
     )
+
+
+def test_the_demo_is_one_named_trace_per_scene(finished: Run) -> None:
+    """``make demo`` exported to the bundle: Jaeger's trace list has one trace per scene, each
+    under a root span named after its scene, and nothing outside them."""
+    service = "e2e-demo"
+    endpoint = finished.bundle.url("otel-collector", 4318)
+    result = run_cli_process(
+        "demo",
+        timeout=300,
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": service},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    def roots() -> dict[str, str] | None:
+        traces = jaeger_traces(finished, service)
+        named = {
+            trace_id: span["operationName"]
+            for trace_id, spans in traces.items()
+            for span in spans
+            if not any(ref["refType"] == "CHILD_OF" for ref in span.get("references", []))
+        }
+        return named if len(named) == len(traces) == len(SCENE_SPANS) else None
+
+    found = wait_for(roots, timeout=60, what=f"the demo's {len(SCENE_SPANS)} traces in Jaeger")
+    assert sorted(found.values()) == sorted(SCENE_SPANS.values())
+    report(
+        f"demo: {len(found)} traces in Jaeger, one per scene: {', '.join(sorted(found.values()))}"
+    )
+
+
+def test_jaeger_does_not_list_itself_beside_the_programs(finished: Run) -> None:
+    """Jaeger's query service traces itself by default (``jaeger_query.enable_tracing``) to
+    ``localhost:4317``, which in the bundle is Jaeger's own receiver: a ``jaeger`` service
+    would sit in the UI's list beside the programs. After queries have been served and an
+    export interval of Jaeger's tracer (5 s, the SDK's batch delay) has passed, it is not there."""
+    url = finished.bundle.url("jaeger", 16686, "/api/services")
+    for _ in range(3):
+        jaeger_traces(finished, finished.calls["http"].service)
+    time.sleep(7)
+    services = get_json(url, {})["data"]
+    assert finished.calls["http"].service in services
+    assert "jaeger" not in services, services
