@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.export_health",
         "llm_latency.call_tree",
         "llm_latency.trace_files",
+        "llm_latency.trace_json",
         "llm_latency.diagnosis",
     ),
     # plain records and names, no OpenTelemetry SDK in them

@@ -22,7 +22,8 @@ from llm_latency.cli.errors import CLIError
 from llm_latency.diagnosis import diagnose
 from llm_latency.diagnosis.records import Call
 from llm_latency.diagnosis.us_or_them import is_probe
-from llm_latency.trace_files import TraceCalls, TraceFileError, load
+from llm_latency.trace_files import TraceCalls, load
+from llm_latency.trace_json import TraceFileError
 
 
 def read_text(file: str) -> tuple[str, str]:
