@@ -15,7 +15,8 @@ import click
 from llm_latency.cli.errors import CLIError, OutputGone
 from llm_latency.cli.explain import explain
 from llm_latency.cli.html_report import RunDetails, command_line, html_page
-from llm_latency.cli.probe import CLIENT_NAMES, ProbeOptions, UrlRun, error_lines, probe_url
+from llm_latency.cli.probe import UrlRun, error_lines, probe_url
+from llm_latency.cli.probe_clients import CLIENT_NAMES, ProbeOptions
 from llm_latency.cli.probe_input import (
     DEFAULT_MODEL,
     build_request,
