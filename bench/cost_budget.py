@@ -107,7 +107,16 @@ class Profile:
         return time_
 
 
-ADAPTERS = ("_patching.py", "aiohttp.py", "httpcore.py", "requests.py", "_resolver.py", "sdks.py")
+ADAPTERS = (
+    "_patching.py",
+    "_hooks.py",
+    "_wrappers.py",
+    "aiohttp.py",
+    "httpcore.py",
+    "requests.py",
+    "_resolver.py",
+    "sdks.py",
+)
 
 
 def is_hook(key: Key) -> bool:

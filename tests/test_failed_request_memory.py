@@ -30,7 +30,7 @@ import requests
 import urllib3
 
 import llm_latency
-from llm_latency.adapters import _patching
+from llm_latency.adapters import _wrappers
 from tests.conftest import Telemetry
 from tests.servers import unused_port
 
@@ -80,7 +80,7 @@ def hook_frames(objects: list[Any]) -> list[FrameType]:
     return [
         o
         for o in objects
-        if isinstance(o, FrameType) and o.f_code.co_filename == _patching.__file__
+        if isinstance(o, FrameType) and o.f_code.co_filename == _wrappers.__file__
     ]
 
 

@@ -33,7 +33,7 @@ from packaging.requirements import Requirement
 
 import llm_latency
 from llm_latency import instrumentor as instrumentor_module
-from llm_latency.adapters import _patching
+from llm_latency.adapters import _hooks, _wrappers
 from llm_latency.adapters import aiohttp as aiohttp_adapter
 from llm_latency.adapters._patching import PatchSet
 from llm_latency.adapters._resolver import resolver_hooks
@@ -135,7 +135,7 @@ def test_a_tap_sees_what_a_wrapt_proxy_would_hand_it() -> None:
     module.feed = feed  # type: ignore[attr-defined]
     seen: list[tuple[Any, Any]] = []
     patches = PatchSet("test", lambda where: None)
-    tap = _patching.Tap(lambda instance, value: seen.append((instance, value)), argument="data")
+    tap = _hooks.Tap(lambda instance, value: seen.append((instance, value)), argument="data")
     assert patches.group("reads", [(Reader, "feed", tap), (module, "feed", tap)])
     reader = Reader()
     assert reader.feed(b"abc", 1) == 4
@@ -190,10 +190,10 @@ def _without_docstring(function: ast.FunctionDef) -> ast.FunctionDef:
 
 @pytest.mark.parametrize(
     ("sync_name", "async_name"),
-    [("_sync_wrapper", "_async_wrapper"), ("_sync_method", "_async_method")],
+    [("sync_wrapper", "async_wrapper"), ("sync_method", "async_method")],
 )
 def test_the_async_wrapper_is_the_sync_one_with_await(sync_name: str, async_name: str) -> None:
-    tree = ast.parse(inspect.getsource(_patching))
+    tree = ast.parse(inspect.getsource(_wrappers))
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     sync, awaiting = functions[sync_name], functions[async_name]
     unasynced = _without_docstring(_Unasync().visit(awaiting))

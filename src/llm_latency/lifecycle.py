@@ -223,7 +223,8 @@ _uvicorn_patches: list[Any] = []
 
 
 def _patch_uvicorn(_module: object) -> None:
-    from llm_latency.adapters._patching import Hook, PatchSet
+    from llm_latency.adapters._hooks import Hook
+    from llm_latency.adapters._patching import PatchSet
 
     if _uvicorn_patches:
         return

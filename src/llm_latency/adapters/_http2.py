@@ -25,7 +25,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet
+from llm_latency.adapters._hooks import SKIP, Hook
+from llm_latency.adapters._patching import PatchSet
 from llm_latency.pools import ConnectionLifetimes
 from llm_latency.timeline import QUEUE, Timeline
 

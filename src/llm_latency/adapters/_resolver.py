@@ -15,7 +15,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from llm_latency import forks
-from llm_latency.adapters._patching import SKIP, FaultReporter, Hook, PatchSet
+from llm_latency.adapters._hooks import SKIP, FaultReporter, Hook
+from llm_latency.adapters._patching import PatchSet
 from llm_latency.timeline import CONNECT, DNS, Timeline
 
 #: The attempt whose connection the current thread or task is opening, if any.

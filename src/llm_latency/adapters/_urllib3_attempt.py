@@ -43,7 +43,7 @@ from contextvars import ContextVar
 from types import CodeType, FrameType
 from typing import Any, Final
 
-from llm_latency.adapters._patching import SKIP
+from llm_latency.adapters._hooks import SKIP
 from llm_latency.emitter import Emitter
 from llm_latency.headers import select_from_multidict
 from llm_latency.timeline import RECEIVE, Timeline

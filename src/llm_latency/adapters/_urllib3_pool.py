@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any, Final
 
-from llm_latency.adapters._patching import Hook, Target
+from llm_latency.adapters._hooks import Hook
+from llm_latency.adapters._patching import Target
 from llm_latency.pools import ConnectionLifetimes, PoolMetrics, PoolRow
 from llm_latency.suppression import tracing_allowed
 

@@ -38,7 +38,8 @@ from aiohttp.client_exceptions import ClientConnectionError
 from opentelemetry.trace import Span
 
 from llm_latency import forks
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Tap, Unavailable, phase_hook
+from llm_latency.adapters._hooks import SKIP, Hook, Tap, phase_hook
+from llm_latency.adapters._patching import PatchSet, Unavailable
 from llm_latency.adapters._resolver import is_ip_literal, peer_address, socket_peer
 from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter

@@ -36,7 +36,8 @@ from functools import partial
 from typing import Any
 
 from llm_latency.adapters import _http2
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, phase_hook
+from llm_latency.adapters._hooks import SKIP, Hook, phase_hook
+from llm_latency.adapters._patching import PatchSet, Unavailable
 from llm_latency.adapters._resolver import connecting, peer_address, resolver_hooks
 from llm_latency.emitter import Emitter
 from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count

@@ -32,7 +32,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from llm_latency import semconv
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable
+from llm_latency.adapters._hooks import SKIP, Hook
+from llm_latency.adapters._patching import PatchSet, Unavailable
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
 from llm_latency.suppression import tracing_allowed

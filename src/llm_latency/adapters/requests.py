@@ -35,15 +35,8 @@ from typing import Any, Final
 
 import urllib3
 
-from llm_latency.adapters._patching import (
-    SKIP,
-    Hook,
-    PatchSet,
-    Rewrite,
-    Tap,
-    Unavailable,
-    phase_hook,
-)
+from llm_latency.adapters._hooks import SKIP, Hook, Rewrite, Tap, phase_hook
+from llm_latency.adapters._patching import PatchSet, Unavailable
 from llm_latency.adapters._resolver import connecting, resolver_hooks, socket_peer
 from llm_latency.adapters._urllib3_attempt import (
     ATTEMPT,

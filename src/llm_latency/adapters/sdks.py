@@ -34,7 +34,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from llm_latency import semconv
-from llm_latency.adapters._patching import SKIP, Hook, PatchSet, Unavailable, module_installed
+from llm_latency.adapters._hooks import SKIP, Hook
+from llm_latency.adapters._patching import PatchSet, Unavailable, module_installed
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
 from llm_latency.suppression import tracing_allowed
