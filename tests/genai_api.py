@@ -26,7 +26,7 @@ TOKEN_GAP = 0.02
 PROMPT_TOKENS = 3
 RETRY_AFTER_MS = 100  # what a 429 asks for, in retry-after-ms
 
-#: Each provider's headers on a success, as its API sends them (see providers.py).
+#: Each provider's headers on a success, as its API sends them (see provider_profiles.py).
 HEADERS: dict[str, dict[str, str]] = {
     "gemini": {"server-timing": f"gfet4t7; dur={int(WAIT * 1000)}"},
     "mistral": {

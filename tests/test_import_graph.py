@@ -78,6 +78,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.clock",
         "llm_latency.cpu_wait",
         "llm_latency.providers",
+        "llm_latency.provider_profiles",
+        "llm_latency.provider_schema",
         "llm_latency.version",
         "llm_latency.testing",
         "llm_latency.live_state",

@@ -13,7 +13,9 @@ import pytest
 import requests
 from urllib3 import HTTPHeaderDict
 
-from llm_latency import headers, providers
+from llm_latency import headers
+from llm_latency.provider_profiles import PROFILES
+from llm_latency.provider_schema import ProviderProfile
 from llm_latency.urls import route_template
 
 
@@ -60,7 +62,7 @@ def test_routes_name_spans(path: str, template: str | None) -> None:
 
 def test_every_header_of_every_profile_is_captured_by_default() -> None:
     wanted = set(headers.resolve_capture_list())
-    for profile in providers.PROFILES:
+    for profile in PROFILES:
         named = {
             *profile.request_id_headers,
             *(name for name, _ in profile.server_time_headers),
@@ -154,7 +156,7 @@ def test_reset_as_duration_or_as_anthropics_timestamp() -> None:
     assert headers.parse_reset("tomorrow") is None
 
 
-def tokens(profile: providers.ProviderProfile) -> str:
+def tokens(profile: ProviderProfile) -> str:
     """Where a profile's answers say their tokens and the server's split of its time."""
     said = [f"`{key}`" for key, _ in profile.usage_fields]
     said += [f"`{header}`" for header, _ in profile.usage_headers]
@@ -172,7 +174,7 @@ def providers_table() -> str:
         "| provider | routes (span names) | request id | server time | rate limits | retry count | streams | tokens and the server's split |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for p in providers.PROFILES:
+    for p in PROFILES:
         routes = sorted({route.template.replace("\\1", "{version}") for route in p.routes})
         shown = names(routes) if len(routes) <= 6 else names(routes[:6]) + ", ..."
         if p.note:

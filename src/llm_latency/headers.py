@@ -21,6 +21,7 @@ from opentelemetry.util.http import (
 )
 
 from llm_latency import providers
+from llm_latency.provider_schema import MILLISECONDS, SERVER_TIMING
 
 _logger = logging.getLogger(__name__)
 
@@ -187,14 +188,14 @@ def server_time(found: Mapping[str, list[str]]) -> float | None:
         if not values:
             continue
         value = values[0]
-        if kind == providers.SERVER_TIMING:
+        if kind == SERVER_TIMING:
             durations = [float(d) for d in _SERVER_TIMING_DUR.findall(value)]
             number = max(durations) if durations else None
-            kind = providers.MILLISECONDS
+            kind = MILLISECONDS
         else:
             number = parse_number(value)
         if number is not None and number >= 0:
-            return number / 1000.0 if kind == providers.MILLISECONDS else number
+            return number / 1000.0 if kind == MILLISECONDS else number
     return None
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from llm_latency import providers
+from llm_latency.provider_schema import AWS_EVENT_STREAM, NDJSON, SSE
 from llm_latency.sse import SSECounter
 
 #: The AWS event stream's prelude: total length (4 bytes, big-endian) first.
@@ -109,9 +110,9 @@ class EventStreamCounter:
 
 
 _COUNTERS: Final[dict[str, Callable[[], StreamCounter]]] = {
-    providers.SSE: SSECounter,
-    providers.NDJSON: NDJSONCounter,
-    providers.AWS_EVENT_STREAM: EventStreamCounter,
+    SSE: SSECounter,
+    NDJSON: NDJSONCounter,
+    AWS_EVENT_STREAM: EventStreamCounter,
 }
 
 

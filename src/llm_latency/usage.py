@@ -18,6 +18,26 @@ from dataclasses import dataclass
 from typing import Final
 
 from llm_latency import headers, providers
+from llm_latency.provider_schema import (
+    CACHE_READ,
+    CACHE_READ_BESIDE,
+    CACHE_WRITE_BESIDE,
+    DECODE,
+    DECODE_NANOSECONDS,
+    DECODE_SECONDS,
+    GATEWAY_OVERHEAD,
+    INPUT,
+    MILLISECONDS,
+    OUTPUT,
+    PREFILL,
+    PREFILL_NANOSECONDS,
+    PREFILL_SECONDS,
+    QUEUE,
+    QUEUE_SECONDS,
+    REASONING,
+    REASONING_BESIDE,
+    SECONDS,
+)
 from llm_latency.tokens import BodyWatch, base64_payloads
 
 _NUMBER: Final = rb"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
@@ -43,19 +63,17 @@ WINDOW: Final = 1024
 #: Occurrences of ``"model`` tried before giving up (``"models"`` and the like come first).
 _MODEL_TRIES: Final = 3
 #: The counts a provider sends beside its totals, to be added to them.
-_BESIDE: Final = frozenset(
-    [providers.CACHE_READ_BESIDE, providers.CACHE_WRITE_BESIDE, providers.REASONING_BESIDE]
-)
+_BESIDE: Final = frozenset([CACHE_READ_BESIDE, CACHE_WRITE_BESIDE, REASONING_BESIDE])
 _KINDS: Final = {key.encode(): kind for key, kind in providers.USAGE_FIELDS.items()}
 #: Seconds per unit of the server-split fields.
 _SPLIT_FIELDS: Final = {
-    providers.QUEUE_SECONDS: (providers.QUEUE, 1.0),
-    providers.PREFILL_SECONDS: (providers.PREFILL, 1.0),
-    providers.DECODE_SECONDS: (providers.DECODE, 1.0),
-    providers.PREFILL_NANOSECONDS: (providers.PREFILL, 1e-9),
-    providers.DECODE_NANOSECONDS: (providers.DECODE, 1e-9),
+    QUEUE_SECONDS: (QUEUE, 1.0),
+    PREFILL_SECONDS: (PREFILL, 1.0),
+    DECODE_SECONDS: (DECODE, 1.0),
+    PREFILL_NANOSECONDS: (PREFILL, 1e-9),
+    DECODE_NANOSECONDS: (DECODE, 1e-9),
 }
-_UNIT_SECONDS: Final = {providers.MILLISECONDS: 1e-3, providers.SECONDS: 1.0}
+_UNIT_SECONDS: Final = {MILLISECONDS: 1e-3, SECONDS: 1.0}
 #: Every header that counts tokens or splits the server's time.
 _HEADERS: Final = frozenset(
     [h for h, _ in providers.USAGE_HEADERS] + [h for h, _, _ in providers.SERVER_SPLIT_HEADERS]
@@ -154,15 +172,15 @@ def _counts(fields: Mapping[str, float]) -> Usage:
     reads and writes, reasoning) added to them."""
     get = fields.get
     # Inline, not through _count: this runs for every answer.
-    inputs = None if (value := get(providers.INPUT)) is None or value < 0 else int(value)
-    outputs = None if (value := get(providers.OUTPUT)) is None or value < 0 else int(value)
-    cached = None if (value := get(providers.CACHE_READ)) is None or value < 0 else int(value)
-    reasoning = None if (value := get(providers.REASONING)) is None or value < 0 else int(value)
+    inputs = None if (value := get(INPUT)) is None or value < 0 else int(value)
+    outputs = None if (value := get(OUTPUT)) is None or value < 0 else int(value)
+    cached = None if (value := get(CACHE_READ)) is None or value < 0 else int(value)
+    reasoning = None if (value := get(REASONING)) is None or value < 0 else int(value)
     if _BESIDE.isdisjoint(fields):
         return Usage(inputs, outputs, cached, reasoning)
-    cache_beside = _count(get(providers.CACHE_READ_BESIDE))
-    write_beside = _count(get(providers.CACHE_WRITE_BESIDE))
-    reasoning_beside = _count(get(providers.REASONING_BESIDE))
+    cache_beside = _count(get(CACHE_READ_BESIDE))
+    write_beside = _count(get(CACHE_WRITE_BESIDE))
+    reasoning_beside = _count(get(REASONING_BESIDE))
     if inputs is not None:
         inputs += (cache_beside or 0) + (write_beside or 0)
     if outputs is not None:
@@ -182,9 +200,9 @@ def _count(value: float | None) -> int | None:
 
 def _add_part(usage: Usage, part: str, seconds: float) -> None:
     name = {
-        providers.QUEUE: "queue_time",
-        providers.PREFILL: "prefill_time",
-        providers.DECODE: "decode_time",
-        providers.GATEWAY_OVERHEAD: "gateway_overhead",
+        QUEUE: "queue_time",
+        PREFILL: "prefill_time",
+        DECODE: "decode_time",
+        GATEWAY_OVERHEAD: "gateway_overhead",
     }[part]
     setattr(usage, name, (getattr(usage, name) or 0.0) + seconds)
