@@ -114,11 +114,13 @@ def aiohttp_paths() -> dict[str, Callable[[int], None]]:
         stream = reader()
         attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
         streamed(attempt)
-        adapter._streams[stream] = attempt
+        adapter._streams[id(stream)] = attempt
         try:
             feed(stream, n)
         finally:
-            adapter._streams.pop(stream, None)
+            adapter._streams.pop(id(stream), None)
+        # The path measured is the one that finds the stream's attempt.
+        assert attempt.chunks == n, f"the stream's attempt saw {attempt.chunks} of {n} chunks"
 
     return {"aiohttp bare": bare, "aiohttp llm-latency": watched}
 
