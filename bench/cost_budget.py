@@ -112,6 +112,8 @@ ADAPTERS = (
     "_hooks.py",
     "_wrappers.py",
     "aiohttp.py",
+    "_aiohttp_attempt.py",
+    "_aiohttp_connection.py",
     "httpcore.py",
     "requests.py",
     "_resolver.py",

@@ -81,7 +81,7 @@ def httpcore_paths() -> dict[str, Callable[[int], None]]:
 def aiohttp_paths() -> dict[str, Callable[[int], None]]:
     import aiohttp.streams
 
-    from llm_latency.adapters import aiohttp as adapter
+    from llm_latency.adapters import _aiohttp_attempt
     from llm_latency.timeline import Timeline
 
     loop = asyncio.new_event_loop()
@@ -114,11 +114,11 @@ def aiohttp_paths() -> dict[str, Callable[[int], None]]:
         stream = reader()
         attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
         streamed(attempt)
-        adapter._streams[id(stream)] = attempt
+        _aiohttp_attempt.streams[id(stream)] = attempt
         try:
             feed(stream, n)
         finally:
-            adapter._streams.pop(id(stream), None)
+            _aiohttp_attempt.streams.pop(id(stream), None)
         # The path measured is the one that finds the stream's attempt.
         assert attempt.chunks == n, f"the stream's attempt saw {attempt.chunks} of {n} chunks"
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from llm_latency import emitter as emitting
-from llm_latency.adapters import aiohttp as aiohttp_adapter
+from llm_latency.adapters import _aiohttp_attempt
 from tests.attributes import int_attr
 from tests.conftest import Telemetry
 from tests.long_run import long_run
@@ -33,7 +33,7 @@ async def test_a_thousand_concurrent_streams(telemetry: Telemetry, server: LLMSe
     assert len(requests) == 1000
     assert {int_attr(r, "llm_latency.stream.events") for r in requests} == {6}
     telemetry.assert_all_ended_once()
-    assert aiohttp_adapter._streams == {}
+    assert _aiohttp_attempt.streams == {}
     emitter = emitting.active
     assert emitter is not None
     assert emitter.in_flight() == []

@@ -33,7 +33,7 @@ from packaging.requirements import Requirement
 
 import llm_latency
 from llm_latency import instrumentor as instrumentor_module
-from llm_latency.adapters import _hooks, _wrappers
+from llm_latency.adapters import _aiohttp_attempt, _hooks, _wrappers
 from llm_latency.adapters import aiohttp as aiohttp_adapter
 from llm_latency.adapters._patching import PatchSet
 from llm_latency.adapters._resolver import resolver_hooks
@@ -106,11 +106,11 @@ def test_per_chunk_hooks_are_plain_functions() -> None:
             loop = asyncio.get_running_loop()
             reader = StreamReader(BaseProtocol(loop), 2**16, loop=loop)
             timeline = Timeline("POST", "http://llm.test/v1/chat/completions")
-            aiohttp_adapter._streams[id(reader)] = timeline
+            _aiohttp_attempt.streams[id(reader)] = timeline
             try:
                 reader.feed_data(b"data: {}\n\n")
             finally:
-                del aiohttp_adapter._streams[id(reader)]
+                del _aiohttp_attempt.streams[id(reader)]
             return timeline
 
         timeline = asyncio.run(feed_one())
