@@ -115,6 +115,7 @@ ADAPTERS = (
     "_aiohttp_attempt.py",
     "_aiohttp_connection.py",
     "httpcore.py",
+    "_httpcore_trace.py",
     "requests.py",
     "_resolver.py",
     "sdks.py",
