@@ -149,7 +149,7 @@ def is_calls(key: Key) -> bool:
 
 
 def is_lag(key: Key) -> bool:
-    return _in(key, "event_loop.py")
+    return _in(key, "event_loop.py", "lag_monitor.py")
 
 
 def is_phases(key: Key) -> bool:

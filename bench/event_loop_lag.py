@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp
 
-from llm_latency.event_loop import LoopLagMonitor
+from llm_latency.lag_monitor import LoopLagMonitor
 from tests.conftest import Telemetry
 from tests.test_cli import mock_server
 from tests.test_event_loop_lag import BLOCK, SentRequests, burst, facts

@@ -103,11 +103,11 @@ def _instrument(client: str, subject: str, tracer_provider: Any, meter_provider:
         official_instrumentor(client).instrument(**providers)
         return
     import llm_latency
-    from llm_latency import event_loop
+    from llm_latency import lag_monitor
 
     # The request windows run without the monitor's ticks (counted apart, below): its first
     # timer is never due, and an attempt's own bookkeeping is still counted.
-    event_loop.INTERVAL_NS = 10**18
+    lag_monitor.INTERVAL_NS = 10**18
     if subject == DEFAULT:
         from opentelemetry import metrics, trace
 
@@ -200,12 +200,12 @@ async def _many(one: Callable[[], Any], count: int) -> None:
 async def _tick_windows() -> int:
     """Two sleeping windows (checkpoints 5 and 6): without, then with the loop-lag monitor
     running its ticks as it does while an attempt is in flight. Returns the ticks that ran."""
-    from llm_latency import event_loop
+    from llm_latency import lag_monitor
 
-    event_loop.INTERVAL_NS = 10_000_000
+    lag_monitor.INTERVAL_NS = 10_000_000
     await asyncio.sleep(TICK_WINDOW)
     checkpoint()  # 5: a sleep, no monitor
-    monitor = event_loop.LoopLagMonitor(asyncio.get_running_loop())
+    monitor = lag_monitor.LoopLagMonitor(asyncio.get_running_loop())
     ticks = 0
     tick = monitor._tick
 

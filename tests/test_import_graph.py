@@ -62,6 +62,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "llm_latency.calls",
         "llm_latency.event_loop",
+        "llm_latency.lag_monitor",
         "llm_latency.timeline",
         "llm_latency.streams",
         "llm_latency.tokens",

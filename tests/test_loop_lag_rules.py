@@ -13,8 +13,8 @@ import pytest
 
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.emitter import Emitter
-from llm_latency.event_loop import SETTLE_NS, LoopLagMonitor
 from llm_latency.facts import read_facts
+from llm_latency.lag_monitor import SETTLE_NS, LoopLagMonitor
 from llm_latency.timeline import PHASE_NAMES, RECEIVE, WAIT
 from tests.test_facts import attempt
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from llm_latency.calls import LogicalCall
-    from llm_latency.event_loop import LoopLagMonitor
+    from llm_latency.lag_monitor import LoopLagMonitor
     from llm_latency.timeline import Timeline
 
 

@@ -22,9 +22,9 @@ from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 
 from llm_latency import forks, headers, semconv
 from llm_latency.attempt_record import AttemptRecord
-from llm_latency.event_loop import LATE_NS
 from llm_latency.facts import AttemptFacts
 from llm_latency.histograms import NO_TRACE, HistogramRecorder
+from llm_latency.lag_monitor import LATE_NS
 from llm_latency.observables import Observer
 from llm_latency.timeline import CONNECT, DNS, PHASE_NAMES, PROXY, QUEUE, TLS
 

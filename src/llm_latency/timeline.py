@@ -130,7 +130,7 @@ class Timeline:
         self.last_chunk_ns = 0
         self.max_gap_ns = 0
         #: The longest intervals between two body chunks, the ones a stall of the program's
-        #: event loop may explain (``event_loop``): at most LONG_GAPS_KEPT, a heap (the
+        #: event loop may explain (``lag_monitor``): at most LONG_GAPS_KEPT, a heap (the
         #: shortest first; a stream on a saturated loop replaces one every few chunks).
         self.long_gaps: list[Gap] = []
         #: A gap longer than this (ns) is one of the longest so far.
