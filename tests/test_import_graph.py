@@ -85,6 +85,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.testing",
         "llm_latency.live_state",
         "llm_latency.forks",
+        "llm_latency.fault_log",
     ),
 )
 

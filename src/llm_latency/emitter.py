@@ -12,7 +12,6 @@ the attempts in flight. :data:`active` is the emitter of the current instrumenta
 
 from __future__ import annotations
 
-import logging
 import traceback
 import weakref
 from collections.abc import Callable, Collection, MutableMapping, Sequence
@@ -39,6 +38,7 @@ from llm_latency.calls import current_call
 from llm_latency.event_loop import LATE_NS, closed_in_flight, monitor_of_running_loop
 from llm_latency.event_loop import stop_all as stop_lag_monitors
 from llm_latency.facts import AttemptFacts, LoopLag, error_type, read_facts
+from llm_latency.fault_log import FaultLog
 from llm_latency.live_state import register
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.observables import Observed, observed_on
@@ -49,7 +49,6 @@ from llm_latency.timeline import PHASE_NAMES, Timeline
 from llm_latency.tracer_handle import TracerHandle
 from llm_latency.urls import proxy_origin, redact, route, scrub_userinfo
 
-_logger = logging.getLogger(__name__)
 #: Distinct request methods whose names are remembered (a program sends a handful).
 _MAX_METHODS = 32
 
@@ -96,16 +95,17 @@ class Emitter:
         #: The response headers captured as span attributes.
         self.captured_headers = frozenset(capture_headers)
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
-        self._failure_logged = False
         #: Request methods as the spans and metrics name them, by the method sent.
         self._known_methods: dict[str, str] = {}
+        #: The fault log of this instrumentation (a plugin fault, logged once).
+        self.faults = FaultLog()
         self.metrics = AttemptMetrics(None, phase_metrics)
         self._fast_path = phase_span_fast_path
         self._phase_writer = PhaseSpanWriter(tracer, fast_path=phase_span_fast_path)
         self._tracers = TracerHandle(
             tracer,
             before_first_request=before_first_request,
-            report=self.failed_once,
+            report=self.faults.failed_once,
             on_change=self._tracer_changed,
             on_meter=self._use_meter if meter is None else None,
         )
@@ -118,7 +118,7 @@ class Emitter:
         #: Called with the attempts forgotten because their event loop closed or went before
         #: they ended: an adapter drops what it holds of them (the body stream it owns).
         self.on_forget: list[Callable[[Collection[Timeline]], object]] = []
-        self.pools = PoolMetrics(None, self.in_flight, self.failed_once)
+        self.pools = PoolMetrics(None, self.in_flight, self.faults.failed_once)
         _EMITTERS.add(self)
         #: The observable instruments this instrumentation's tallies and pools are plugged into.
         self._observed: Observed | None = None
@@ -219,7 +219,7 @@ class Emitter:
                 windows = timeline.windows()
                 self._emit(record, self._loop_lag(record, windows), windows)
         except Exception:  # never break the host program
-            self.failed_once("emitting an attempt")
+            self.faults.failed_once("emitting an attempt")
             if record is not None:
                 try:
                     self._loop_lag(record, timeline.windows())
@@ -241,7 +241,7 @@ class Emitter:
         try:
             timeline.fail(error)
         except Exception:
-            self.failed_once("recording a failure")
+            self.faults.failed_once("recording a failure")
         self.finish(timeline)
 
     @staticmethod
@@ -288,7 +288,7 @@ class Emitter:
             for forget in self.on_forget:
                 forget(abandoned)
         except Exception:  # never break the host program
-            self.failed_once("forgetting the attempts of a closed event loop")
+            self.faults.failed_once("forgetting the attempts of a closed event loop")
 
     def finish_all(self) -> None:
         """End every attempt still open, and stop watching the pools (at uninstrument: what
@@ -430,10 +430,8 @@ class Emitter:
         return known
 
     def failed_once(self, what: str) -> None:
-        """Log a fault inside the plugin, once per emitter."""
-        if not self._failure_logged:
-            self._failure_logged = True
-            _logger.exception("llm-latency: internal error in %s (logged once)", what)
+        """Log a fault inside the plugin, once per emitter (see :attr:`faults`)."""
+        self.faults.failed_once(what)
 
 
 #: The span attribute of each field of a :class:`~llm_latency.usage.Usage`.
