@@ -139,7 +139,11 @@ def is_stream(key: Key) -> bool:
 
 
 def is_start(key: Key) -> bool:
-    return _named(key, "emitter.py", "start") or _in(key, "attempt_record.py", "tracer_handle.py")
+    return (
+        _named(key, "emitter.py", "start")
+        or _named(key, "in_flight.py", "add")
+        or _in(key, "attempt_record.py", "tracer_handle.py")
+    )
 
 
 def is_calls(key: Key) -> bool:
@@ -177,7 +181,9 @@ def is_emit(key: Key) -> bool:
 
 
 def is_finish(key: Key) -> bool:
-    return _named(key, "emitter.py", "finish", "finish_failed", "_loop_lag")
+    return _named(key, "emitter.py", "finish", "finish_failed") or _named(
+        key, "in_flight.py", "take", "charge_loop_lag"
+    )
 
 
 def is_exemplar(key: Key) -> bool:

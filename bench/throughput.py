@@ -10,7 +10,8 @@ and the client's CPU time per request.
 ``--parts`` adds two modes that take llm-latency apart: without the event-loop lag monitor
 (at saturation every attempt ends in a late stretch of the loop and pays the lag path), and
 without the monitor and the phase spans. The monitor has no switch in the public API: these
-modes replace the emitter's lookup of the running loop's monitor, for measurement only.
+modes replace the lookup of the running loop's monitor (in ``llm_latency.in_flight``), for
+measurement only.
 
     python bench/throughput.py
     python bench/throughput.py --quick
@@ -43,9 +44,9 @@ def work(mode: str, port: int, seconds: float, concurrency: int, stream: bool) -
     import aiohttp
 
     if mode in NO_LAG_MODES:
-        import llm_latency.emitter
+        import llm_latency.in_flight
 
-        llm_latency.emitter.monitor_of_running_loop = lambda: None  # type: ignore[attr-defined]
+        llm_latency.in_flight.monitor_of_running_loop = lambda: None  # type: ignore[attr-defined]
         mode = NO_LAG_MODES[mode]
     if mode != "bare":
         _instrument("aiohttp", mode)

@@ -12,8 +12,8 @@ from typing import cast
 import pytest
 
 from llm_latency.attempt_record import AttemptRecord
-from llm_latency.emitter import Emitter
 from llm_latency.facts import read_facts
+from llm_latency.in_flight import charge_loop_lag
 from llm_latency.lag_monitor import SETTLE_NS, LoopLagMonitor
 from llm_latency.timeline import PHASE_NAMES, RECEIVE, WAIT
 from tests.test_facts import attempt
@@ -109,7 +109,7 @@ def test_the_machines_share_of_the_wait_is_not_network_overhead(monitor: LoopLag
     t0 = timeline.start_ns
     monitor.busy.append((t0 + 260 * MS, t0 + 320 * MS, 5 / 6))
     record = cast(AttemptRecord, SimpleNamespace(loop_monitor=monitor, timeline=timeline))
-    lag = Emitter._loop_lag(record, timeline.windows())
+    lag = charge_loop_lag(record, timeline.windows())
     facts = read_facts(timeline, lag, frozenset({"openai-processing-ms"}))
     assert facts.server_processing == 0.25
     assert facts.event_loop_lag is not None and abs(facts.event_loop_lag - 0.01) < 1e-6

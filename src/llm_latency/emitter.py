@@ -13,7 +13,6 @@ the attempts in flight. :data:`active` is the emitter of the current instrumenta
 from __future__ import annotations
 
 import traceback
-import weakref
 from collections.abc import Callable, Collection, MutableMapping, Sequence
 from typing import Any, Final
 
@@ -31,21 +30,20 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.http import sanitize_method
 
-from llm_latency import forks, headers, providers, semconv
+from llm_latency import headers, providers, semconv
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
-from llm_latency.event_loop import LATE_NS, closed_in_flight, monitor_of_running_loop
 from llm_latency.event_loop import stop_all as stop_lag_monitors
 from llm_latency.facts import AttemptFacts, LoopLag, error_type, read_facts
 from llm_latency.fault_log import FaultLog
-from llm_latency.live_state import register
+from llm_latency.in_flight import AttemptsInFlight, charge_loop_lag
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.observables import Observed, observed_on
 from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
-from llm_latency.timeline import PHASE_NAMES, Timeline
+from llm_latency.timeline import Timeline
 from llm_latency.tracer_handle import TracerHandle
 from llm_latency.urls import proxy_origin, redact, route, scrub_userinfo
 
@@ -54,21 +52,6 @@ _MAX_METHODS = 32
 
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
-#: The lag of an attempt whose loop was never busy while it was in flight.
-_NO_LAG: Final = LoopLag((0.0,) * len(PHASE_NAMES))
-
-#: Every emitter alive: the current instrumentation's, and any an ended one left behind.
-_EMITTERS: weakref.WeakSet[Emitter] = weakref.WeakSet()
-register("emitters", lambda: len(_EMITTERS))
-register("attempts_in_flight", lambda: sum(len(e._open) for e in list(_EMITTERS)))
-
-
-@forks.at_fork
-def _forget_attempts() -> None:
-    # The parent's attempts in flight at the fork never end in the child, whose hooks would
-    # find nothing of them: counted in http.client.active_requests, they would stay forever.
-    for emitter in list(_EMITTERS):
-        emitter._open = {}
 
 
 class Emitter:
@@ -111,15 +94,11 @@ class Emitter:
         )
         #: The spans of logical calls (the API the retry helper and the SDK adapters drive).
         self.calls = CallSpans(self._tracers, self.metrics)
-        # Attempts started and not yet ended: ended by finish_all() when the plugin is
-        # uninstrumented, since the hooks that would end them are gone then; forgotten when
-        # their event loop closed or went first (nothing can end them then).
-        self._open: dict[Timeline, AttemptRecord] = {}
-        #: Called with the attempts forgotten because their event loop closed or went before
-        #: they ended: an adapter drops what it holds of them (the body stream it owns).
-        self.on_forget: list[Callable[[Collection[Timeline]], object]] = []
+        #: Attempts started and not yet ended: ended by finish_all() when the plugin is
+        #: uninstrumented, since the hooks that would end them are gone then; forgotten when
+        #: their event loop closed or went first (nothing can end them then).
+        self.attempts = AttemptsInFlight(self.faults)
         self.pools = PoolMetrics(None, self.in_flight, self.faults.failed_once)
-        _EMITTERS.add(self)
         #: The observable instruments this instrumentation's tallies and pools are plugged into.
         self._observed: Observed | None = None
         if meter is not None:
@@ -133,6 +112,12 @@ class Emitter:
         self.pools.use_meter(meter)
         self._observed = observed_on(meter)
         self._observed.plug(self, {**self.metrics.observers(), **self.pools.observers()})
+
+    @property
+    def on_forget(self) -> list[Callable[[Collection[Timeline]], object]]:
+        """Called with the attempts forgotten because their event loop closed or went before
+        they ended: an adapter drops what it holds of them (the body stream it owns)."""
+        return self.attempts.on_forget
 
     def _tracer_changed(self, tracer: Tracer) -> None:
         self._phase_writer = PhaseSpanWriter(tracer, fast_path=self._fast_path)
@@ -194,14 +179,7 @@ class Emitter:
         )
         if self.time_per_output_chunk:
             timeline.gaps = []
-        self._open[timeline] = record
-        if on_loop:
-            monitor = monitor_of_running_loop()
-            if monitor is not None:
-                monitor.attempt_started()
-                record.loop_monitor = monitor
-            if closed_in_flight:  # a loop closed or went with attempts in flight (rare)
-                self._forget_closed()
+        self.attempts.add(record, on_loop)
         if carrier is not None and self.propagate:
             propagate.inject(carrier, context=context)
         return span
@@ -214,15 +192,15 @@ class Emitter:
         try:
             if not timeline.close(at):
                 return
-            record = self._open.pop(timeline, None)
+            record = self.attempts.take(timeline)
             if record is not None:
                 windows = timeline.windows()
-                self._emit(record, self._loop_lag(record, windows), windows)
+                self._emit(record, charge_loop_lag(record, windows), windows)
         except Exception:  # never break the host program
             self.faults.failed_once("emitting an attempt")
             if record is not None:
                 try:
-                    self._loop_lag(record, timeline.windows())
+                    charge_loop_lag(record, timeline.windows())
                     if record.span.is_recording():
                         record.span.end(timeline.to_epoch_ns(timeline.end_ns))
                     self._attempt_ends(record, None, None)
@@ -244,26 +222,6 @@ class Emitter:
             self.faults.failed_once("recording a failure")
         self.finish(timeline)
 
-    @staticmethod
-    def _loop_lag(record: AttemptRecord, windows: Sequence[tuple[int, int, int]]) -> LoopLag | None:
-        """How long the attempt's busy event loop delayed the end of each of its phases and of
-        each of its stream's longest gaps, and how long its thread waited for a CPU (in all,
-        and the part that delayed each phase's end); None for an attempt not on a loop. Once
-        per attempt."""
-        monitor = record.loop_monitor
-        if monitor is None:
-            return None
-        record.loop_monitor = None
-        timeline = record.timeline
-        delays = monitor.phase_delays(windows, len(PHASE_NAMES), lambda: timeline.arrivals(LATE_NS))
-        if delays is None:
-            return _NO_LAG
-        gaps = delays.arrivals[: len(timeline.long_gaps)]
-        phases = [delay / 1e9 for delay in delays.phases]
-        descheduled = delays.descheduled
-        waited = [wait / 1e9 for wait in delays.waited] if descheduled else ()
-        return LoopLag(phases, gaps, descheduled / 1e9, waited, delays.exemplar)
-
     def _attempt_ends(
         self, record: AttemptRecord, reason: str | None, retry_after: float | None
     ) -> None:
@@ -273,28 +231,10 @@ class Emitter:
             end = timeline.to_epoch_ns(timeline.end_ns)
             self.calls.attempt_ends(call, end, reason, retry_after, record.host)
 
-    def _forget_closed(self) -> None:
-        """Forget the attempts in flight on the loops that closed or went before they ended.
-        Nothing ends them now: their tasks went with the loop (or stay with whatever keeps
-        them, never to run again), and their spans, never ended, are not exported. Kept, they
-        would keep their spans and, through the adapters, the loop and its sockets."""
-        try:
-            closed = set()
-            while closed_in_flight:
-                closed.add(closed_in_flight.pop())
-            abandoned = {t for t, r in list(self._open.items()) if r.loop_monitor in closed}
-            for timeline in abandoned:
-                self._open.pop(timeline, None)
-            for forget in self.on_forget:
-                forget(abandoned)
-        except Exception:  # never break the host program
-            self.faults.failed_once("forgetting the attempts of a closed event loop")
-
     def finish_all(self) -> None:
         """End every attempt still open, and stop watching the pools (at uninstrument: what
         happens next can no longer be seen)."""
-        for timeline in list(self._open):
-            self.finish(timeline)
+        self.attempts.end_all(self.finish)
         self.pools.forget()
         if self._observed is not None:
             self._observed.unplug(self)
@@ -303,12 +243,7 @@ class Emitter:
     def in_flight(self) -> list[AttemptRecord]:
         """The attempts started and not ended yet (read when the SDK collects, from another
         thread)."""
-        for _ in range(3):
-            try:
-                return list(self._open.values())
-            except RuntimeError:  # the dictionary changed during the copy
-                continue
-        return []
+        return self.attempts.in_flight()
 
     def _emit(
         self,
