@@ -173,7 +173,7 @@ def is_facts(key: Key) -> bool:
 
 
 def is_attributes(key: Key) -> bool:
-    return _named(key, "emitter.py", "_attributes")
+    return _in(key, "attribute_table.py")
 
 
 def is_emit(key: Key) -> bool:

@@ -1,6 +1,7 @@
 """docs/telemetry.md's span and metric tables, checked against the code: the names of
 ``llm_latency.semconv``, the instruments the emitter creates (name, kind, unit), their
-Prometheus names, and the attributes a real streamed call puts on its request spans."""
+Prometheus names, every attribute of the emitter's attribute table, and the attributes a real
+streamed call puts on its request spans."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import openai
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from llm_latency import semconv
+from llm_latency import attribute_table, semconv
 from llm_latency.emitter import Emitter
 from llm_latency.timeline import PHASE_NAMES
 from tests.conftest import Telemetry
@@ -116,13 +117,25 @@ def test_the_call_table_names_what_calls_and_backoffs_carry() -> None:
     assert emitted <= documented, emitted - documented
 
 
-async def test_the_attribute_table_names_what_a_real_call_records(telemetry: Telemetry) -> None:
-    documented = [
+def documented_attributes() -> list[str]:
+    """The request span's attributes the page's span model and token tables name."""
+    return [
         name
         for after in ("\n## The span model\n", "\n### Tokens and the server's share\n")
         for row in table(after)
         for name in names(row[0])
     ]
+
+
+def test_the_attribute_tables_name_every_attribute_the_table_of_the_code_sets() -> None:
+    """Every attribute an attempt's end can set, as the emitter's table lists them: a real
+    call sets only some (no proxy, no failure, no resend, one provider's tokens)."""
+    missing = attribute_table.attribute_names() - set(documented_attributes())
+    assert not missing, missing
+
+
+async def test_the_attribute_table_names_what_a_real_call_records(telemetry: Telemetry) -> None:
+    documented = documented_attributes()
     known = semconv_names()
     for name in documented:
         assert name in known or name == "http.response.header.<name>", name

@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # what the emitter keeps and reads; the SDK set-up; reading finished traces
     (
         "llm_latency.attempt_record",
+        "llm_latency.attribute_table",
         "llm_latency.facts",
         "llm_latency.setup",
         "llm_latency.early_spans",

@@ -20,7 +20,7 @@ import pytest
 import requests
 from opentelemetry.sdk.trace import ReadableSpan
 
-from llm_latency.emitter import _USAGE_ATTRIBUTES
+from llm_latency.attribute_table import USAGE_ATTRIBUTES
 from llm_latency.testing import Profile, RunningServer, running
 from llm_latency.usage import Usage
 from tests.checks import EARLY
@@ -317,4 +317,4 @@ async def test_queueing_shows_in_the_time_to_first_token_not_in_the_decode(
 
 
 def test_every_usage_field_has_its_span_attribute() -> None:
-    assert set(_USAGE_ATTRIBUTES) == {field.name for field in fields(Usage)}
+    assert set(USAGE_ATTRIBUTES) == {field.name for field in fields(Usage)}

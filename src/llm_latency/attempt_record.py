@@ -3,19 +3,22 @@
 The Timeline holds what the client library did (timestamps, facts, the method as the client
 sent it); an :class:`AttemptRecord` holds what the emitter decided when the attempt started:
 its request span, the method in its semconv form, the target, the attempt's number in its
-logical call, and the event-loop monitor that watches it. The emitter never writes into the
-Timeline.
+logical call, and the event-loop monitor that watches it; and, once it has ended, its facts (what
+:mod:`llm_latency.attribute_table` names). The emitter never writes into the Timeline.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llm_latency import providers
+
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
     from llm_latency.calls import LogicalCall
+    from llm_latency.facts import AttemptFacts
     from llm_latency.lag_monitor import LoopLagMonitor
     from llm_latency.timeline import Timeline
 
@@ -27,6 +30,7 @@ class AttemptRecord:
     __slots__ = (
         "call",
         "context",
+        "facts",
         "host",
         "loop_monitor",
         "method",
@@ -36,6 +40,9 @@ class AttemptRecord:
         "span",
         "timeline",
     )
+
+    #: The attempt's facts, set when it has ended (unset before).
+    facts: AttemptFacts
 
     def __init__(
         self,
@@ -68,3 +75,9 @@ class AttemptRecord:
         self.route_owner = route_owner
         #: The monitor of the event loop the attempt runs on (async clients), until it ends.
         self.loop_monitor: LoopLagMonitor | None = None
+
+    @property
+    def provider(self) -> str | None:
+        """``gen_ai.provider.name``: the provider whose own host the attempt went to, else the
+        owner of its route; None when neither says."""
+        return providers.provider_name(self.host, self.route_owner)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Collection, MutableMapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from opentelemetry import propagate
 from opentelemetry.context import Context
@@ -30,12 +30,13 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.http import sanitize_method
 
-from llm_latency import headers, providers, semconv
+from llm_latency import headers, semconv
 from llm_latency.attempt_record import AttemptRecord
+from llm_latency.attribute_table import end_attributes, token_attributes
 from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
 from llm_latency.event_loop import stop_all as stop_lag_monitors
-from llm_latency.facts import AttemptFacts, LoopLag, error_type, read_facts
+from llm_latency.facts import LoopLag, error_type, read_facts
 from llm_latency.fault_log import FaultLog
 from llm_latency.in_flight import AttemptsInFlight, charge_loop_lag
 from llm_latency.metrics import AttemptMetrics
@@ -45,7 +46,7 @@ from llm_latency.pools import PoolMetrics
 from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import Timeline
 from llm_latency.tracer_handle import TracerHandle
-from llm_latency.urls import proxy_origin, redact, route, scrub_userinfo
+from llm_latency.urls import redact, route, scrub_userinfo
 
 #: Distinct request methods whose names are remembered (a program sends a handful).
 _MAX_METHODS = 32
@@ -253,10 +254,11 @@ class Emitter:
     ) -> None:
         timeline, span = record.timeline, record.span
         facts = read_facts(timeline, lag, self.captured_headers)
-        attributes = self._attributes(record, facts)
+        record.facts = facts
+        attributes = end_attributes(record, self._header_attrs)
         answer = None
         if facts.usage is not None or facts.time_to_first_token is not None:
-            answer = token_attributes(record, facts)
+            answer = token_attributes(record)
             attributes.update(answer)
             if record.call is not None:
                 record.call.answer = answer
@@ -275,47 +277,6 @@ class Emitter:
         if answer is not None:
             self.metrics.answer(record.host, facts, answer, ctx)
         self._attempt_ends(record, facts.error_type, facts.retry_after)
-
-    def _attributes(self, record: AttemptRecord, facts: AttemptFacts) -> dict[str, Any]:
-        """The request span's attributes known once the attempt has ended, each value as the
-        SDK keeps it (a header's values in a tuple: see ``PhaseSpanWriter.set_attributes``)."""
-        timeline = record.timeline
-        attributes: dict[str, Any] = {}
-        for name, values in facts.headers.items():
-            attributes[self._header_attrs[name]] = tuple(values)
-        if facts.status is not None:
-            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = facts.status
-        if timeline.protocol_version:
-            attributes[semconv.NETWORK_PROTOCOL_VERSION] = timeline.protocol_version
-        if timeline.reused is not None:
-            attributes[semconv.CONNECTION_REUSED] = timeline.reused
-        if timeline.peer_address is not None:
-            attributes[semconv.NETWORK_PEER_ADDRESS] = timeline.peer_address
-        if timeline.proxy_url is not None:
-            attributes[semconv.PROXY_URL] = proxy_origin(timeline.proxy_url)
-        if record.resend_count:
-            attributes[semconv.HTTP_REQUEST_RESEND_COUNT] = record.resend_count
-        if facts.event_loop_lag is not None:
-            attributes[semconv.EVENT_LOOP_LAG] = facts.event_loop_lag
-        if facts.descheduled:
-            attributes[semconv.EVENT_LOOP_DESCHEDULED] = facts.descheduled
-        if facts.server_processing is not None:
-            attributes[semconv.SERVER_PROCESSING_TIME] = facts.server_processing
-        if facts.network_overhead is not None:
-            attributes[semconv.NETWORK_OVERHEAD] = facts.network_overhead
-        if facts.time_to_first_chunk is not None:
-            attributes[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = facts.time_to_first_chunk
-            attributes[semconv.STREAM_EVENTS] = facts.stream_events
-            attributes[semconv.STREAM_MAX_GAP] = facts.stream_max_gap
-        if facts.stream_mean_interval is not None:
-            attributes[semconv.STREAM_MEAN_INTERVAL] = facts.stream_mean_interval
-        if facts.stream_chunk_rate is not None:
-            attributes[semconv.STREAM_CHUNK_RATE] = facts.stream_chunk_rate
-        if facts.failed_phase is not None:
-            attributes[semconv.FAILED_PHASE] = facts.failed_phase
-        if facts.error_type is not None:
-            attributes[semconv.ERROR_TYPE] = facts.error_type
-        return attributes
 
     def _emit_phases(
         self,
@@ -367,49 +328,6 @@ class Emitter:
     def failed_once(self, what: str) -> None:
         """Log a fault inside the plugin, once per emitter (see :attr:`faults`)."""
         self.faults.failed_once(what)
-
-
-#: The span attribute of each field of a :class:`~llm_latency.usage.Usage`.
-_USAGE_ATTRIBUTES: Final = {
-    "input_tokens": semconv.GEN_AI_USAGE_INPUT_TOKENS,
-    "output_tokens": semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
-    "cache_read_tokens": semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
-    "reasoning_tokens": semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
-    "model": semconv.GEN_AI_RESPONSE_MODEL,
-    "queue_time": semconv.SERVER_QUEUE_TIME,
-    "prefill_time": semconv.SERVER_PREFILL_TIME,
-    "decode_time": semconv.SERVER_DECODE_TIME,
-    "gateway_overhead": semconv.SERVER_GATEWAY_OVERHEAD,
-}
-
-
-def token_attributes(record: AttemptRecord, facts: AttemptFacts) -> dict[str, Any]:
-    """The GenAI and token attributes of an attempt that carried an LLM answer: on its request
-    span, and on its logical call's span."""
-    usage = facts.usage
-    attributes: dict[str, Any] = (
-        {}
-        if usage is None
-        else {
-            _USAGE_ATTRIBUTES[field]: value
-            for field, value in vars(usage).items()
-            if value is not None
-        }
-    )
-    provider = providers.provider_name(record.host, record.route_owner)
-    if provider is not None:
-        attributes[semconv.GEN_AI_PROVIDER_NAME] = provider
-    if facts.usage_unknown:
-        attributes[semconv.USAGE_UNKNOWN] = True
-    if facts.time_to_first_token is not None:
-        attributes[semconv.TIME_TO_FIRST_TOKEN] = facts.time_to_first_token
-    if facts.time_per_output_token is not None:
-        attributes[semconv.TIME_PER_OUTPUT_TOKEN] = facts.time_per_output_token
-    if facts.server_time_per_output_token_max is not None:
-        attributes[semconv.SERVER_TIME_PER_OUTPUT_TOKEN_MAX] = (
-            facts.server_time_per_output_token_max
-        )
-    return attributes
 
 
 def record_exception(span: Span, error: BaseException) -> None:
