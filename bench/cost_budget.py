@@ -157,7 +157,7 @@ def is_lag(key: Key) -> bool:
 
 
 def is_phases(key: Key) -> bool:
-    return _named(key, "emitter.py", "_emit_phases")
+    return _named(key, "span_writer.py", "_phases")
 
 
 def is_phase_record(key: Key) -> bool:
@@ -177,7 +177,7 @@ def is_attributes(key: Key) -> bool:
 
 
 def is_emit(key: Key) -> bool:
-    return _named(key, "emitter.py", "_emit")
+    return _named(key, "emitter.py", "_emit") or _named(key, "span_writer.py", "write")
 
 
 def is_finish(key: Key) -> bool:

@@ -12,22 +12,12 @@ the attempts in flight. :data:`active` is the emitter of the current instrumenta
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Collection, MutableMapping, Sequence
 from typing import Any
 
 from opentelemetry import propagate
-from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
-from opentelemetry.trace import (
-    Link,
-    Span,
-    SpanKind,
-    Status,
-    StatusCode,
-    Tracer,
-    set_span_in_context,
-)
+from opentelemetry.trace import Link, Span, SpanKind, Tracer, set_span_in_context
 from opentelemetry.util.http import sanitize_method
 
 from llm_latency import headers, semconv
@@ -36,17 +26,17 @@ from llm_latency.attribute_table import end_attributes, token_attributes
 from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
 from llm_latency.event_loop import stop_all as stop_lag_monitors
-from llm_latency.facts import LoopLag, error_type, read_facts
+from llm_latency.facts import LoopLag, read_facts
 from llm_latency.fault_log import FaultLog
 from llm_latency.in_flight import AttemptsInFlight, charge_loop_lag
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.observables import Observed, observed_on
-from llm_latency.phase_spans import PhaseSpanWriter
 from llm_latency.pools import PoolMetrics
+from llm_latency.span_writer import SpanWriter
 from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import Timeline
 from llm_latency.tracer_handle import TracerHandle
-from llm_latency.urls import redact, route, scrub_userinfo
+from llm_latency.urls import redact, route
 
 #: Distinct request methods whose names are remembered (a program sends a handful).
 _MAX_METHODS = 32
@@ -84,13 +74,14 @@ class Emitter:
         #: The fault log of this instrumentation (a plugin fault, logged once).
         self.faults = FaultLog()
         self.metrics = AttemptMetrics(None, phase_metrics)
-        self._fast_path = phase_span_fast_path
-        self._phase_writer = PhaseSpanWriter(tracer, fast_path=phase_span_fast_path)
+        self._spans = SpanWriter(
+            tracer, self.metrics, phase_spans=phase_spans, fast_path=phase_span_fast_path
+        )
         self._tracers = TracerHandle(
             tracer,
             before_first_request=before_first_request,
             report=self.faults.failed_once,
-            on_change=self._tracer_changed,
+            on_change=self._spans.use_tracer,
             on_meter=self._use_meter if meter is None else None,
         )
         #: The spans of logical calls (the API the retry helper and the SDK adapters drive).
@@ -120,9 +111,6 @@ class Emitter:
         they ended: an adapter drops what it holds of them (the body stream it owns)."""
         return self.attempts.on_forget
 
-    def _tracer_changed(self, tracer: Tracer) -> None:
-        self._phase_writer = PhaseSpanWriter(tracer, fast_path=self._fast_path)
-
     # -- start --------------------------------------------------------------------------------
 
     def start(
@@ -140,7 +128,7 @@ class Emitter:
         resend), is linked, so hops stay connected even without a parent span. ``on_loop``:
         the attempt runs on the running asyncio loop, whose lag is measured."""
         if self._tracers.pending:
-            self._tracers.settle()  # the phase writer follows the tracer it settles on
+            self._tracers.settle()  # the span writer follows the tracer it settles on
         method = timeline.method
         call = current_call.get()
         resend_count = timeline.resend_count
@@ -171,7 +159,7 @@ class Emitter:
         # Under an official HTTP client instrumentation's span for the same request, ours is
         # its detail: one CLIENT span per request.
         kind = _INTERNAL if under_http_client_span() else _CLIENT
-        span = self._phase_writer.start_request(
+        span = self._spans.phases.start_request(
             name, kind, attributes, links, timeline.epoch_start_ns
         )
         context = set_span_in_context(span)
@@ -202,8 +190,7 @@ class Emitter:
             if record is not None:
                 try:
                     charge_loop_lag(record, timeline.windows())
-                    if record.span.is_recording():
-                        record.span.end(timeline.to_epoch_ns(timeline.end_ns))
+                    self._spans.end(record)
                     self._attempt_ends(record, None, None)
                 except Exception:
                     pass  # already reported
@@ -252,8 +239,7 @@ class Emitter:
         lag: LoopLag | None,
         windows: Sequence[tuple[int, int, int]],
     ) -> None:
-        timeline, span = record.timeline, record.span
-        facts = read_facts(timeline, lag, self.captured_headers)
+        facts = read_facts(record.timeline, lag, self.captured_headers)
         record.facts = facts
         attributes = end_attributes(record, self._header_attrs)
         answer = None
@@ -262,58 +248,12 @@ class Emitter:
             attributes.update(answer)
             if record.call is not None:
                 record.call.answer = answer
-        self._phase_writer.set_attributes(span, attributes)
+        self._spans.write(record, attributes, windows)
         ctx = record.context
-        error = timeline.error
-        self._emit_phases(timeline, windows, span, ctx, record.host, error, facts.phase_lags)
-        if error is not None:
-            if timeline.failed_phase is None or not self.phase_spans:
-                record_exception(span, error)
-            span.set_status(Status(StatusCode.ERROR, f"{facts.error_type}"))
-        elif facts.error_type is not None:
-            span.set_status(Status(StatusCode.ERROR))
-        span.end(timeline.to_epoch_ns(timeline.end_ns))
         self.metrics.record(record, facts, ctx)
         if answer is not None:
             self.metrics.answer(record.host, facts, answer, ctx)
         self._attempt_ends(record, facts.error_type, facts.retry_after)
-
-    def _emit_phases(
-        self,
-        timeline: Timeline,
-        windows: Sequence[tuple[int, int, int]],
-        span: Span,
-        ctx: Context,
-        host: str,
-        error: BaseException | None,
-        lags: list[float] | None,
-    ) -> None:
-        record = self.metrics.phase
-        recorded = self.metrics.phases_recorded
-        writer = self._phase_writer
-        emit_spans = self.phase_spans and span.is_recording()
-        fast_parent = writer.fast_path(span) if emit_spans else None
-        failed = timeline.failed_phase if error is not None else None
-        to_epoch = timeline.epoch_start_ns - timeline.start_ns
-        for phase, start, end in windows:
-            attributes = writer.attributes(phase, host)
-            if phase in recorded:
-                record(attributes, (end - start) / 1e9, ctx)
-            if not emit_spans:
-                continue
-            if lags is not None and lags[phase] > 0:
-                # On the span only: the metric keeps the shared, low-cardinality attributes.
-                attributes = {**attributes, semconv.EVENT_LOOP_LAG: lags[phase]}
-            if fast_parent is not None and phase != failed:
-                writer.write(phase, attributes, fast_parent, start + to_epoch, end + to_epoch)
-                continue
-            child = writer.start(phase, attributes, ctx, start + to_epoch)
-            if error is not None and phase == failed:
-                kind = error_type(error)
-                child.set_attribute(semconv.ERROR_TYPE, kind)
-                record_exception(child, error)
-                child.set_status(Status(StatusCode.ERROR, kind))
-            child.end(end + to_epoch)
 
     def _known_method(self, method: str) -> str:
         """``method`` as the spans and metrics name it: unknown methods are "_OTHER", unless
@@ -328,21 +268,6 @@ class Emitter:
     def failed_once(self, what: str) -> None:
         """Log a fault inside the plugin, once per emitter (see :attr:`faults`)."""
         self.faults.failed_once(what)
-
-
-def record_exception(span: Span, error: BaseException) -> None:
-    """Record ``error`` on ``span``, with the credentials of any URL its text quotes redacted."""
-    stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    if "@" not in stack:
-        span.record_exception(error)
-        return
-    span.record_exception(
-        error,
-        attributes={
-            "exception.message": scrub_userinfo(str(error)),
-            "exception.stacktrace": scrub_userinfo(stack),
-        },
-    )
 
 
 #: The emitter of the current instrumentation (None when llm-latency is not instrumented): how
