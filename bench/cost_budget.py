@@ -18,7 +18,8 @@ Parts:
 - hooks: the adapters' wrappers and hook functions (their own time, and the OpenTelemetry API
   calls they make: ``traceparent`` injection, context);
 - Timeline: recording phase boundaries;
-- request span start: ``Emitter.start`` (span creation, attributes known at the start);
+- request span start: ``Emitter.start`` and ``RequestStart.start`` (span creation, attributes
+  known at the start, the attempt counted in flight);
 - request span end: ending the span and its status, and the rest of ending an attempt;
 - facts: what the finished Timeline says (headers selected and parsed, server time, overhead,
   lag, stream facts, error type);
@@ -142,7 +143,7 @@ def is_start(key: Key) -> bool:
     return (
         _named(key, "emitter.py", "start")
         or _named(key, "in_flight.py", "add")
-        or _in(key, "attempt_record.py", "tracer_handle.py")
+        or _in(key, "request_start.py", "attempt_record.py", "tracer_handle.py")
     )
 
 

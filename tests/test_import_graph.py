@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("llm_latency.emitter",),
     # the emitter's parts
     (
+        "llm_latency.request_start",
         "llm_latency.span_writer",
         "llm_latency.in_flight",
         "llm_latency.call_spans",

@@ -5,22 +5,32 @@ An adapter calls :meth:`Emitter.start` when an attempt starts (the request span 
 once, when it ends: the phase spans, the request span's attributes and the metrics are written
 then, from the Timeline and the emitter's own :class:`AttemptRecord` of the attempt.
 
-The emitter hands the spans of logical calls to :class:`CallSpans` (``emitter.calls``) and the
-choice of tracer to a :class:`TracerHandle`; it holds the attempt metrics, the pool metrics and
-the attempts in flight. :data:`active` is the emitter of the current instrumentation.
+The emitter is a façade over the pieces that do each job:
+
+- :class:`~llm_latency.request_start.RequestStart`: the request span's start (name, kind,
+  attributes, links) and the ``traceparent`` injected;
+- :class:`~llm_latency.in_flight.AttemptsInFlight` (``emitter.attempts``): the attempts in
+  flight, and the one way each leaves them; the lag its event loop charged it;
+- :mod:`~llm_latency.attribute_table`: the facts of an ended attempt named as attributes;
+- :class:`~llm_latency.span_writer.SpanWriter`: the request span's end and the phase spans;
+- :class:`~llm_latency.metrics.AttemptMetrics` (``emitter.metrics``) and
+  :class:`~llm_latency.pools.PoolMetrics` (``emitter.pools``): the metrics;
+- :class:`~llm_latency.call_spans.CallSpans` (``emitter.calls``): the spans of logical calls,
+  to which each attempt's start and end are handed;
+- :class:`~llm_latency.fault_log.FaultLog` (``emitter.faults``): a plugin fault, logged once;
+- :class:`~llm_latency.tracer_handle.TracerHandle`: the tracer and meter in use.
+
+:data:`active` is the emitter of the current instrumentation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, MutableMapping, Sequence
-from typing import Any
 
-from opentelemetry import propagate
 from opentelemetry.metrics import Meter
-from opentelemetry.trace import Link, Span, SpanKind, Tracer, set_span_in_context
-from opentelemetry.util.http import sanitize_method
+from opentelemetry.trace import Span, Tracer
 
-from llm_latency import headers, semconv
+from llm_latency import headers
 from llm_latency.attempt_record import AttemptRecord
 from llm_latency.attribute_table import end_attributes, token_attributes
 from llm_latency.call_spans import CallSpans
@@ -32,17 +42,10 @@ from llm_latency.in_flight import AttemptsInFlight, charge_loop_lag
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.observables import Observed, observed_on
 from llm_latency.pools import PoolMetrics
+from llm_latency.request_start import RequestStart
 from llm_latency.span_writer import SpanWriter
-from llm_latency.suppression import under_http_client_span
 from llm_latency.timeline import Timeline
 from llm_latency.tracer_handle import TracerHandle
-from llm_latency.urls import redact, route
-
-#: Distinct request methods whose names are remembered (a program sends a handful).
-_MAX_METHODS = 32
-
-_CLIENT = SpanKind.CLIENT
-_INTERNAL = SpanKind.INTERNAL
 
 
 class Emitter:
@@ -69,8 +72,6 @@ class Emitter:
         #: The response headers captured as span attributes.
         self.captured_headers = frozenset(capture_headers)
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
-        #: Request methods as the spans and metrics name them, by the method sent.
-        self._known_methods: dict[str, str] = {}
         #: The fault log of this instrumentation (a plugin fault, logged once).
         self.faults = FaultLog()
         self.metrics = AttemptMetrics(None, phase_metrics)
@@ -90,6 +91,7 @@ class Emitter:
         #: uninstrumented, since the hooks that would end them are gone then; forgotten when
         #: their event loop closed or went first (nothing can end them then).
         self.attempts = AttemptsInFlight(self.faults)
+        self._starts = RequestStart(self._spans, propagate=propagate)
         self.pools = PoolMetrics(None, self.in_flight, self.faults.failed_once)
         #: The observable instruments this instrumentation's tallies and pools are plugged into.
         self._observed: Observed | None = None
@@ -129,49 +131,16 @@ class Emitter:
         the attempt runs on the running asyncio loop, whose lag is measured."""
         if self._tracers.pending:
             self._tracers.settle()  # the span writer follows the tracer it settles on
-        method = timeline.method
         call = current_call.get()
         resend_count = timeline.resend_count
         if call is not None:
             resend_count = self.calls.attempt_starts(call, timeline.epoch_start_ns, resend_count)
-        template, route_owner = route(path)
-        known = self._known_methods.get(method) or self._known_method(method)
-        attributes: dict[str, Any] = {
-            semconv.HTTP_REQUEST_METHOD: known,
-            semconv.URL_FULL: redact(timeline.url),
-            semconv.SERVER_ADDRESS: host,
-        }
-        if known != method:
-            attributes[semconv.HTTP_REQUEST_METHOD_ORIGINAL] = method
-        if port is not None:
-            attributes[semconv.SERVER_PORT] = port
-        if template is not None:
-            attributes[semconv.URL_TEMPLATE] = template
-            timeline.llm_route = True
-        if timeline.client:
-            attributes[semconv.CLIENT] = timeline.client
-        name = (
-            f"{known if known != '_OTHER' else 'HTTP'} {template}"
-            if template
-            else (known if known != "_OTHER" else "HTTP")
-        )
-        links = () if previous is None else (Link(previous.get_span_context()),)
-        # Under an official HTTP client instrumentation's span for the same request, ours is
-        # its detail: one CLIENT span per request.
-        kind = _INTERNAL if under_http_client_span() else _CLIENT
-        span = self._spans.phases.start_request(
-            name, kind, attributes, links, timeline.epoch_start_ns
-        )
-        context = set_span_in_context(span)
-        record = AttemptRecord(
-            timeline, span, context, known, host, port, resend_count, call, route_owner
-        )
+        record = self._starts.start(timeline, call, resend_count, (host, port, path), previous)
         if self.time_per_output_chunk:
             timeline.gaps = []
         self.attempts.add(record, on_loop)
-        if carrier is not None and self.propagate:
-            propagate.inject(carrier, context=context)
-        return span
+        self._starts.inject(carrier, record)
+        return record.span
 
     # -- finish -------------------------------------------------------------------------------
 
@@ -254,16 +223,6 @@ class Emitter:
         if answer is not None:
             self.metrics.answer(record.host, facts, answer, ctx)
         self._attempt_ends(record, facts.error_type, facts.retry_after)
-
-    def _known_method(self, method: str) -> str:
-        """``method`` as the spans and metrics name it: unknown methods are "_OTHER", unless
-        ``OTEL_PYTHON_INSTRUMENTATION_HTTP_CAPTURE_ALL_METHODS`` says to keep them. Decided
-        once per method (reading the variable costs more than the rest of a span's start
-        attributes), for the first ``_MAX_METHODS`` methods seen."""
-        known = sanitize_method(method) or "_OTHER"
-        if len(self._known_methods) < _MAX_METHODS:
-            self._known_methods[method] = known
-        return known
 
     def failed_once(self, what: str) -> None:
         """Log a fault inside the plugin, once per emitter (see :attr:`faults`)."""
