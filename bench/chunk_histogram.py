@@ -21,6 +21,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from llm_latency.emitter import Emitter
+from llm_latency.settings import Settings
 from llm_latency.sse import SSECounter
 from llm_latency.timeline import RECEIVE, SEND, WAIT, Timeline
 
@@ -35,8 +36,7 @@ def emitter(opt_in: bool) -> Emitter:
     return Emitter(
         TracerProvider().get_tracer("bench"),
         meter,
-        capture_headers=(),
-        time_per_output_chunk=opt_in,
+        Settings(time_per_output_chunk=opt_in),
     )
 
 

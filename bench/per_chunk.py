@@ -61,9 +61,10 @@ def httpcore_paths() -> dict[str, Callable[[int], None]]:
 
     from llm_latency.adapters.httpcore import _SyncStream
     from llm_latency.emitter import Emitter
+    from llm_latency.settings import Settings
     from llm_latency.timeline import Timeline
 
-    emitter = Emitter(TracerProvider().get_tracer("bench"), _meter(), capture_headers=())
+    emitter = Emitter(TracerProvider().get_tracer("bench"), _meter(), Settings())
 
     def bare(n: int) -> None:
         for _ in [CHUNK] * n:

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from llm_latency import attribute_table, semconv
 from llm_latency.emitter import Emitter
+from llm_latency.settings import Settings
 from llm_latency.timeline import PHASE_NAMES
 from tests.conftest import Telemetry
 from tests.provider_api import provider_server
@@ -74,7 +75,7 @@ class RecordingMeter:
 
 def test_the_metrics_table_is_every_instrument_the_emitter_creates() -> None:
     meter = RecordingMeter(MeterProvider().get_meter("test"))
-    Emitter(TracerProvider().get_tracer("test"), meter, capture_headers=())  # type: ignore[arg-type]
+    Emitter(TracerProvider().get_tracer("test"), meter, Settings())  # type: ignore[arg-type]
     rows = {names(row[0])[0]: row for row in table("\n## Metrics\n")}
     assert set(rows) == set(meter.created)
     assert set(rows) <= semconv_names()

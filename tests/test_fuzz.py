@@ -9,6 +9,7 @@ wait a 429 asks for, ``llm_latency.retry`` re-raises the 429 rather than an erro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import email.utils
 import json
@@ -37,6 +38,7 @@ import llm_latency
 from llm_latency import headers as hdr
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.emitter import Emitter
+from llm_latency.settings import Settings, resolve
 from llm_latency.timeline import CONNECT, PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 from tests.attributes import attributes
 from tests.bad_servers import RawServer
@@ -178,17 +180,18 @@ def _settable(value: str) -> str:
     return value
 
 
+def asked_for(extra: list[str], env: str | None) -> Settings:
+    """The Settings of ``capture_response_headers=extra`` (not given when empty) with the
+    standard environment variable set to ``env``."""
+    environ = (
+        {} if env is None else {OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE: env}
+    )
+    return resolve({"capture_response_headers": extra or None}, environ)
+
+
 def capture(extra: list[str], env: str | None) -> tuple[str, ...]:
-    """``resolve_capture_list`` with the environment variable set to ``env``."""
-    saved = os.environ.pop(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE, None)
-    try:
-        if env is not None:
-            os.environ[OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE] = env
-        return hdr.resolve_capture_list(extra)
-    finally:
-        os.environ.pop(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE, None)
-        if saved is not None:
-            os.environ[OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE] = saved
+    """The headers captured for ``asked_for(extra, env)``."""
+    return hdr.resolve_capture_list(asked_for(extra, env).capture_response_headers)
 
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -278,7 +281,7 @@ def test_emitter_never_raises_nor_exports_a_header_not_allow_listed(
     wanted = capture(*asked)
     emitter = Emitter(
         tracer_provider.get_tracer("fuzz"), meter_provider.get_meter("fuzz"),
-        capture_headers=wanted, phase_spans=phase_spans,
+        dataclasses.replace(asked_for(*asked), phase_spans=phase_spans),
     )  # fmt: skip
     token = current_call.set(LogicalCall()) if in_call else None
     try:

@@ -151,7 +151,7 @@ def test_the_lag_histogram_counts_the_attempts_that_lagged(
     histogram's count is the attempts that lagged (their lag attribute is on the span either
     way)."""
     reader = InMemoryMetricReader()
-    metrics = AttemptMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
+    metrics = AttemptMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"), "setup")
     for lag in lags:
         facts = record_lag(metrics, INVALID_SPAN, Context(), LoopLag(lagged("receive", lag)))
         assert facts.event_loop_lag == lag
@@ -170,7 +170,7 @@ def test_the_lag_record_carries_the_exemplar_the_monitor_chose() -> None:
     the attempt the monitor marks (the first it charged in a late stretch): the others, in
     buckets of their own here, keep none."""
     reader = InMemoryMetricReader()
-    metrics = AttemptMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"))
+    metrics = AttemptMetrics(MeterProvider(metric_readers=[reader]).get_meter("test"), "setup")
     tracer = TracerProvider().get_tracer("program")
     marked = None
     for lag, exemplar in ((0.004, False), (0.04, True), (0.4, False)):

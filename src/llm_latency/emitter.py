@@ -43,6 +43,7 @@ from llm_latency.metrics import AttemptMetrics
 from llm_latency.observables import Observed, observed_on
 from llm_latency.pools import PoolMetrics
 from llm_latency.request_start import RequestStart
+from llm_latency.settings import Settings
 from llm_latency.span_writer import SpanWriter
 from llm_latency.timeline import Timeline
 from llm_latency.tracer_handle import TracerHandle
@@ -55,28 +56,27 @@ class Emitter:
         self,
         tracer: Tracer,
         meter: Meter | None,
+        settings: Settings,
         *,
-        capture_headers: tuple[str, ...],
-        phase_spans: bool = True,
-        phase_span_fast_path: bool = True,
-        phase_metrics: str = "setup",
         before_first_request: Callable[[], None] | None = None,
-        time_per_output_chunk: bool = False,
-        propagate: bool = True,
     ) -> None:
-        self.phase_spans = phase_spans
+        self.phase_spans = settings.phase_spans
         #: Inject the trace context into each request (``instrument(propagate=...)``).
-        self.propagate = propagate
+        self.propagate = settings.propagate
         #: Opt-in: keep each body chunk's interval for the time-per-output-chunk histogram.
-        self.time_per_output_chunk = time_per_output_chunk
+        self.time_per_output_chunk = settings.time_per_output_chunk
+        capture_headers = headers.resolve_capture_list(settings.capture_response_headers)
         #: The response headers captured as span attributes.
         self.captured_headers = frozenset(capture_headers)
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
         #: The fault log of this instrumentation (a plugin fault, logged once).
         self.faults = FaultLog()
-        self.metrics = AttemptMetrics(None, phase_metrics)
+        self.metrics = AttemptMetrics(None, settings.phase_metrics)
         self._spans = SpanWriter(
-            tracer, self.metrics, phase_spans=phase_spans, fast_path=phase_span_fast_path
+            tracer,
+            self.metrics,
+            phase_spans=settings.phase_spans,
+            fast_path=settings.phase_span_fast_path,
         )
         self._tracers = TracerHandle(
             tracer,
@@ -91,7 +91,7 @@ class Emitter:
         #: uninstrumented, since the hooks that would end them are gone then; forgotten when
         #: their event loop closed or went first (nothing can end them then).
         self.attempts = AttemptsInFlight(self.faults)
-        self._starts = RequestStart(self._spans, propagate=propagate)
+        self._starts = RequestStart(self._spans, propagate=settings.propagate)
         self.pools = PoolMetrics(None, self.in_flight, self.faults.failed_once)
         #: The observable instruments this instrumentation's tallies and pools are plugged into.
         self._observed: Observed | None = None

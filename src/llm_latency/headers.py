@@ -10,15 +10,9 @@ import datetime
 import email.utils
 import functools
 import logging
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
-
-from opentelemetry.util.http import (
-    OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE,
-    get_custom_headers,
-)
 
 from llm_latency import providers
 from llm_latency.provider_schema import MILLISECONDS, SERVER_TIMING
@@ -59,15 +53,12 @@ SENSITIVE_HEADERS: Final = frozenset(
 
 
 def resolve_capture_list(extra: Iterable[str] = ()) -> tuple[str, ...]:
-    """The lower-cased header names to capture: defaults, ``extra``, and the standard variable.
-
-    ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE`` is a comma-separated list.
+    """The lower-cased header names to capture: defaults and ``extra`` (the option
+    ``capture_response_headers``: the argument's names and those of
+    ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE``, as ``Settings`` bound them).
     Sensitive names are dropped with a warning; regular expressions are not supported.
     """
-    wanted = list(DEFAULT_RESPONSE_HEADERS)
-    wanted.extend(extra)
-    if os.environ.get(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE):
-        wanted.extend(get_custom_headers(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE))
+    wanted = [*DEFAULT_RESPONSE_HEADERS, *extra]
     names: dict[str, None] = {}
     for raw in wanted:
         name = raw.strip().lower()

@@ -16,12 +16,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
-import os
 import sys
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.dependencies import (
@@ -29,16 +28,21 @@ from opentelemetry.instrumentation.dependencies import (
     get_dependency_conflicts,
 )
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
 from llm_latency import emitter as emitting
 from llm_latency import forks, semconv
 from llm_latency.adapters._patching import Unavailable, module_installed
 from llm_latency.emitter import Emitter
-from llm_latency.headers import resolve_capture_list
 from llm_latency.import_hooks import when_imported
+from llm_latency.settings import Settings, keywords, resolve
 from llm_latency.setup import meter_provider_is_set
 from llm_latency.version import __version__
 from llm_latency.zero_code import warn_if_unconfigured
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 _logger = logging.getLogger(__name__)
 
@@ -160,21 +164,16 @@ SDKS: dict[str, Target] = {
 
 
 def select_clients(clients: Iterable[str] | None) -> list[str]:
-    """The client names to instrument: those asked for (all must be installed), or every one
-    installed. Raises ValueError for an unknown name or one that is not installed."""
+    """The client names to instrument: those asked for (``Settings`` checked the names), or
+    every one installed. One asked for that is not installed is skipped with one warning line,
+    as one out of its supported range is."""
     if clients is None:
         return [name for name, target in CLIENTS.items() if module_installed(target.module)]
-    if isinstance(clients, str):
-        clients = [clients]
     chosen: list[str] = []
     for name in clients:
-        if name not in CLIENTS:
-            raise ValueError(
-                f"llm-latency: unknown client {name!r}; supported: {', '.join(sorted(CLIENTS))}"
-            )
         if not module_installed(CLIENTS[name].module):
-            raise ValueError(f"llm-latency: client {name!r} is not installed")
-        if name not in chosen:
+            _logger.warning("llm-latency: %s is not instrumented: it is not installed", name)
+        elif name not in chosen:
             chosen.append(name)
     return chosen
 
@@ -222,30 +221,43 @@ def _load(name: str, target: Target, emitter: Emitter) -> Adapter | None:
     return adapter
 
 
-#: ``false`` (or ``0``, ``no``, ``off``) keeps the trace context off the wire.
-PROPAGATE_VARIABLE = "OTEL_PYTHON_LLM_LATENCY_PROPAGATE"
+class InstrumentKwargs(TypedDict, total=False):
+    """The keywords of ``LLMLatencyInstrumentor().instrument()``, typed as contrib's
+    instrumentors type theirs: the providers, and the options of ``Settings`` that the
+    instrumentor acts on, by ``instrument()``'s names (a test holds them equal)."""
 
-
-def propagation_wanted(given: object) -> bool:
-    """Whether requests carry the trace context: ``given`` (``instrument(propagate=...)``)
-    when set, else the environment variable, else yes."""
-    if given is not None:
-        return bool(given)
-    value = os.environ.get(PROPAGATE_VARIABLE, "").strip().lower()
-    return value not in ("false", "0", "no", "off")
+    tracer_provider: TracerProvider | None
+    meter_provider: MeterProvider | None
+    clients: Iterable[str] | None
+    capture_response_headers: Iterable[str] | None
+    phase_spans: bool | None
+    phase_span_fast_path: bool | None
+    phase_metrics: Literal["setup", "all"] | None
+    time_per_output_chunk: bool | None
+    propagate: bool | None
 
 
 class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """Phase-level tracing and metrics for the HTTP clients LLM SDKs use.
+    """Phase-level tracing and metrics for the HTTP clients LLM SDKs use; registered under the
+    ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
 
-    ``instrument(tracer_provider=None, meter_provider=None, clients=None,
-    capture_response_headers=(), phase_spans=True, phase_span_fast_path=True,
-    phase_metrics="setup")``; registered
-    under the ``opentelemetry_instrumentor`` entry point as ``llm_latency``.
+    ``instrument(**kwargs)`` takes ``tracer_provider`` and ``meter_provider`` (default the
+    global ones) and the options of ``llm_latency.instrument()`` below, by the same names; one
+    not given is read from its environment variable, else has its default
+    (docs/configuration.md), which is how ``opentelemetry-instrument``, passing none, sets them.
+    ``configure`` is ``llm_latency.instrument()``'s only: under ``opentelemetry-instrument``
+    the distro sets the SDK up. The options:
+
     """
 
     _adapters: list[Adapter]
     emitter: Emitter | None = None
+    #: The options of the live instrumentation (or of the last one).
+    settings: Settings | None = None
+    #: ``llm_latency.instrument()``'s Settings (built and checked there) and what runs before
+    #: the first request, for the one ``_instrument`` it calls (:meth:`_instrument_with`):
+    #: never a keyword of the public ``instrument(**kwargs)``.
+    _handed: tuple[Settings, Callable[[], None] | None] | None = None
     #: The emitter of the live instrumentation, which imports install adapters for (None once
     #: uninstrumented).
     _live: Emitter | None = None
@@ -268,16 +280,40 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         found = [conflict for conflict in conflicts if conflict is not None and conflict.found]
         return found[0] if found else conflicts[0]
 
-    def _instrument(self, **kwargs: Any) -> None:
+    def _instrument_with(
+        self,
+        settings: Settings,
+        before_first_request: Callable[[], None] | None,
+        tracer_provider: TracerProvider | None,
+        meter_provider: MeterProvider | None,
+    ) -> None:
+        """``llm_latency.instrument()``'s way in: ``instrument()`` with its bound ``settings``
+        and its own set-up to run before the first request."""
+        self._handed = (settings, before_first_request)
+        try:
+            self.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        finally:
+            self._handed = None
+
+    def _instrument(self, **kwargs: Unpack[InstrumentKwargs]) -> None:
+        tracer_provider = kwargs.get("tracer_provider")
+        meter_provider = kwargs.get("meter_provider")
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            settings, before_first_request = handed
+        else:
+            settings = resolve(kwargs)
+            # Without providers, opentelemetry-instrument started this: nothing here sets the
+            # SDK up, and without a distro nothing else does either.
+            own = tracer_provider or meter_provider
+            before_first_request = None if own else warn_if_unconfigured
+        chosen = [(name, CLIENTS[name]) for name in select_clients(settings.clients)]
+        chosen += [(name, target) for name, target in SDKS.items() if target.trigger()]
         tracer = trace.get_tracer(
-            semconv.SCOPE_NAME,
-            __version__,
-            kwargs.get("tracer_provider"),
-            schema_url=semconv.SCHEMA_URL,
+            semconv.SCOPE_NAME, __version__, tracer_provider, schema_url=semconv.SCHEMA_URL
         )
         # Never a meter of the API's proxy (see ``tracer_handle``): with no meter provider
         # given or set yet, the emitter takes the real meter once one is set.
-        meter_provider = kwargs.get("meter_provider")
         meter = (
             metrics.get_meter(
                 semconv.SCOPE_NAME, __version__, meter_provider, schema_url=semconv.SCHEMA_URL
@@ -285,27 +321,10 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             if meter_provider is not None or meter_provider_is_set()
             else None
         )
-        # Without the key and providers, opentelemetry-instrument started this: nothing here
-        # sets the SDK up, and without a distro nothing else does either.
-        own = kwargs.get("tracer_provider") or kwargs.get("meter_provider")
-        before_first_request: Callable[[], None] | None = kwargs.get(
-            "before_first_request", None if own else warn_if_unconfigured
-        )
-        emitter = Emitter(
-            tracer,
-            meter,
-            capture_headers=resolve_capture_list(kwargs.get("capture_response_headers") or ()),
-            phase_spans=bool(kwargs.get("phase_spans", True)),
-            phase_span_fast_path=bool(kwargs.get("phase_span_fast_path", True)),
-            phase_metrics=str(kwargs.get("phase_metrics", "setup")),
-            before_first_request=before_first_request,
-            time_per_output_chunk=bool(kwargs.get("time_per_output_chunk", False)),
-            propagate=propagation_wanted(kwargs.get("propagate")),
-        )
+        emitter = Emitter(tracer, meter, settings, before_first_request=before_first_request)
+        self.settings = settings
         self.emitter = self._live = emitting.active = emitter
         self._adapters = []
-        chosen = [(name, CLIENTS[name]) for name in select_clients(kwargs.get("clients"))]
-        chosen += [(name, target) for name, target in SDKS.items() if target.trigger()]
         waiting: dict[str, list[tuple[str, Target]]] = {}
         for name, target in chosen:
             module = target.trigger() or target.module
@@ -345,6 +364,9 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if self.emitter is not None:
             self.emitter.finish_all()
         self.emitter = emitting.active = None
+
+
+LLMLatencyInstrumentor.__doc__ = f"{LLMLatencyInstrumentor.__doc__}{keywords()}\n    "
 
 
 def _imported(module: ModuleType) -> None:

@@ -120,13 +120,10 @@ class AttemptMetrics:
     """Records finished attempts: the histograms into a meter's instruments, the counters and
     the rate-limit gauge into tallies that the observable instruments read (``observables``).
     ``meter``: None records nothing into histograms until :meth:`use_meter`;
-    ``phase_metrics``: a key of :data:`PHASE_METRICS`, the phases recorded."""
+    ``phase_metrics``: a key of :data:`PHASE_METRICS` (``Settings`` checked it), the phases
+    recorded."""
 
-    def __init__(self, meter: Meter | None = None, phase_metrics: str = "setup") -> None:
-        if phase_metrics not in PHASE_METRICS:
-            raise ValueError(
-                f"phase_metrics={phase_metrics!r}: one of {', '.join(map(repr, PHASE_METRICS))}"
-            )
+    def __init__(self, meter: Meter | None, phase_metrics: str) -> None:
         #: The phases (``timeline`` indexes) whose durations are recorded.
         self.phases_recorded = PHASE_METRICS[phase_metrics]
         self._answer_sets: dict[tuple[str, Any, Any], _AnswerAttributes] = {}
