@@ -288,3 +288,18 @@ def test_the_configuration_table_is_the_settings() -> None:
 def test_every_client_name_has_a_target() -> None:
     assert tuple(CLIENTS) == settings_module.CLIENT_NAMES
 
+
+@pytest.mark.parametrize("command", ["probe", "monitor"])
+def test_the_command_line_keeps_the_phase_spans_it_reads(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line's reports are made of the phase spans: a variable set for the
+    program's own instrumentation does not take them away."""
+    from llm_latency.cli.monitor_export import probe_telemetry
+    from llm_latency.cli.telemetry import instrumented
+
+    monkeypatch.setenv("OTEL_PYTHON_LLM_LATENCY_PHASE_SPANS", "false")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    with instrumented("test", ["aiohttp"]) if command == "probe" else probe_telemetry("test"):
+        settings = LLMLatencyInstrumentor().settings
+        assert settings is not None and settings.phase_spans

@@ -243,6 +243,7 @@ def probe_telemetry(
         meter_provider=meter_provider,
         clients=["aiohttp"],
         configure=False,
+        phase_spans=True,  # what the reports are made of, whatever the environment says
     )
     try:
         yield Telemetry(tracer_provider, meter_provider, spans, metrics)
