@@ -32,9 +32,10 @@ KINDS = {
 }
 
 
-def table(after: str) -> list[list[str]]:
-    """The rows (cells) of the first table after the text ``after`` in docs/telemetry.md."""
-    text = PAGE.read_text().split(after, 1)[1]
+def table(after: str, page: Path = PAGE) -> list[list[str]]:
+    """The rows (cells) of the first table after the text ``after`` in ``page``
+    (docs/telemetry.md)."""
+    text = page.read_text().split(after, 1)[1]
     lines = text[text.index("\n|") + 1 :].splitlines()
     rows = []
     for line in lines[2:]:

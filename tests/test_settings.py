@@ -24,6 +24,7 @@ from llm_latency.settings import OPTIONS, Settings
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
 from tests.test_api import run_program
+from tests.test_docs_tables import table
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 PROVIDERS = ["tracer_provider", "meter_provider"]
@@ -267,19 +268,8 @@ async def test_the_set_up_hook_is_no_keyword_of_the_instrumentor(server: LLMServ
     assert called == []
 
 
-def docs_table() -> list[list[str]]:
-    text = PAGE.read_text().split("\n## Options\n", 1)[1]
-    lines = text[text.index("\n|") + 1 :].splitlines()
-    rows = []
-    for line in lines[2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
-    return rows
-
-
 def test_the_configuration_table_is_the_settings() -> None:
-    assert docs_table() == [
+    assert table("\n## Options\n", PAGE) == [
         [f"`{row.name}`", f"`{row.variable}`", row.kind.allowed, row.kind.show(row.default)]
         for row in OPTIONS
     ]
