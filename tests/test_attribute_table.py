@@ -25,6 +25,7 @@ FACTS = (
     "time_to_first_chunk", "stream_events", "stream_max_gap", "stream_mean_interval",
     "stream_chunk_rate", "failed_phase", "error_type", "usage", "usage_unknown",
     "time_to_first_token", "time_per_output_token", "server_time_per_output_token_max",
+    "request_id", "queue_time",
 )  # fmt: skip
 HEADERS = {"x-request-id": "http.response.header.x-request-id"}
 
@@ -153,6 +154,35 @@ def test_the_tokens_of_an_answer_usage_first() -> None:
     }
     assert token_attributes(record(usage_unknown=False, server_time_per_output_token_max=0.5)) == {
         "llm_latency.server.time_per_output_token_max": 0.5
+    }
+
+
+def test_the_request_id_and_the_queue_time_are_scalars_on_the_request_span() -> None:
+    queued = record(request_id="req_abc", queue_time=0.12)
+    assert end_attributes(queued, HEADERS) == {
+        "llm_latency.request_id": "req_abc",
+        "llm_latency.queue_time": 0.12,
+    }
+
+
+def test_token_counts_that_say_nothing_at_zero_are_left_out() -> None:
+    """OpenAI reports ``cached_tokens: 0`` and ``reasoning_tokens: 0`` on every answer; an
+    output of 0 tokens is news, and stays."""
+    usage = SimpleNamespace(
+        input_tokens=5, output_tokens=0, cache_read_tokens=0, reasoning_tokens=0, model="m"
+    )
+    assert token_attributes(record(usage=usage)) == {
+        "gen_ai.usage.input_tokens": 5,
+        "gen_ai.usage.output_tokens": 0,
+        "gen_ai.response.model": "m",
+    }
+    usage.cache_read_tokens, usage.reasoning_tokens = 3, 7
+    assert token_attributes(record(usage=usage)) == {
+        "gen_ai.usage.input_tokens": 5,
+        "gen_ai.usage.output_tokens": 0,
+        "gen_ai.usage.cache_read.input_tokens": 3,
+        "gen_ai.usage.reasoning.output_tokens": 7,
+        "gen_ai.response.model": "m",
     }
 
 

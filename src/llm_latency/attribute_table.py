@@ -50,6 +50,8 @@ class Row(NamedTuple):
 #: are set exactly when its first chunk's time is.
 END_ATTRIBUTES: Final = (
     Row(semconv.HTTP_RESPONSE_STATUS_CODE, "facts.status"),
+    Row(semconv.REQUEST_ID, "facts.request_id"),
+    Row(semconv.QUEUE_TIME, "facts.queue_time"),
     Row(semconv.NETWORK_PROTOCOL_VERSION, "timeline.protocol_version", NONZERO),
     Row(semconv.CONNECTION_REUSED, "timeline.reused"),
     Row(semconv.NETWORK_PEER_ADDRESS, "timeline.peer_address"),
@@ -80,6 +82,10 @@ USAGE_ATTRIBUTES: Final = {
     "decode_time": semconv.SERVER_DECODE_TIME,
     "gateway_overhead": semconv.SERVER_GATEWAY_OVERHEAD,
 }
+
+#: The usage fields that say nothing at zero (OpenAI reports ``cached_tokens: 0`` and
+#: ``reasoning_tokens: 0`` on every answer): left out then, as when not reported.
+USAGE_SILENT_WHEN_ZERO: Final = frozenset({"cache_read_tokens", "reasoning_tokens"})
 
 #: The attributes of an attempt that carried an LLM answer beside its usage's
 #: (:data:`USAGE_ATTRIBUTES`, first), in the order they are set.
@@ -156,7 +162,7 @@ def token_attributes(record: AttemptRecord) -> dict[str, Any]:
         else {
             USAGE_ATTRIBUTES[field]: value
             for field, value in vars(usage).items()
-            if value is not None
+            if value is not None and (value or field not in USAGE_SILENT_WHEN_ZERO)
         }
     )
     _add_tokens(record, attributes)

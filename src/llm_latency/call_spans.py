@@ -186,4 +186,6 @@ def _end_call(call: LogicalCall) -> None:
         span.set_attribute(semconv.ATTEMPTS, call.attempts)
         if call.answer:
             span.set_attributes(call.answer)
+        if call.request_id is not None:
+            span.set_attribute(semconv.REQUEST_ID, call.request_id)
         span.end()

@@ -40,6 +40,7 @@ class LogicalCall:
         "last_host",
         "numbers_attempts",
         "own_backoffs",
+        "request_id",
         "span",
     )
 
@@ -59,6 +60,9 @@ class LogicalCall:
         #: The GenAI attributes (model, usage, time to first token) of the latest attempt
         #: that carried an answer: the call's span gets them when it ends.
         self.answer: dict[str, Any] | None = None
+        #: The provider's request id of the latest attempt that carried one: the call's span
+        #: gets it when it ends.
+        self.request_id: str | None = None
         #: The host of the latest attempt that ended.
         self.last_host = ""
         self._helper_attempt = 0

@@ -217,6 +217,8 @@ class Emitter:
             attributes.update(answer)
             if record.call is not None:
                 record.call.answer = answer
+        if facts.request_id is not None and record.call is not None:
+            record.call.request_id = facts.request_id
         self._spans.write(record, attributes, windows)
         ctx = record.context
         self.metrics.record(record, facts, ctx)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from llm_latency import headers
-from llm_latency.timeline import PHASE_NAMES, SEND, WAIT, Timeline
+from llm_latency.timeline import PHASE_NAMES, QUEUE, SEND, WAIT, Timeline
 from llm_latency.usage import Usage, read_usage
 
 
@@ -53,6 +53,13 @@ def provider_max_gap(timeline: Timeline, gap_lags: Sequence[int]) -> int:
     kept = timeline.long_gaps
     longest = max(length - lag for (length, _, _), lag in zip(kept, gap_lags, strict=True))
     return max(longest, timeline.gap_floor_ns)
+
+
+#: Computed seconds are rounded to the nanosecond, the clocks' resolution (a difference or a
+#: quotient of floats otherwise shows noise such as 0.016716636000000007 in a trace view), and
+#: rates to the thousandth.
+NS_DIGITS: Final = 9
+RATE_DIGITS: Final = 3
 
 
 @dataclass
@@ -100,6 +107,10 @@ class AttemptFacts:
     #: Whether the lag's record carries the attempt's trace exemplar (one attempt per late
     #: stretch of the loop: see ``LoopLag.exemplar``).
     event_loop_lag_exemplar: bool = True
+    #: The provider's request id: the first of its request id headers the response carried.
+    request_id: str | None = None
+    #: The attempt's wait for a pooled connection (s), when it waited.
+    queue_time: float | None = None
 
 
 def token_facts(
@@ -120,8 +131,9 @@ def token_facts(
             unknown = output is None
             if output is not None and output > 1 and timeline.last_chunk_ns:
                 tpot = (timeline.last_chunk_ns - watch.first_token_ns) / 1e9 / (output - 1)
+                tpot = round(tpot, NS_DIGITS)
     elif output and processing is not None:
-        tpot_max = processing / output
+        tpot_max = round(processing / output, NS_DIGITS)
     return (None if usage.empty else usage), first_token, tpot, tpot_max, unknown
 
 
@@ -133,6 +145,13 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
         found = headers.select(timeline.response_headers, wanted)
     processing = headers.server_time(found)
     window = send_to_first_byte(timeline)
+    request_id = None
+    if found:
+        for name in headers.REQUEST_ID_HEADERS:
+            values = found.get(name)
+            if values:
+                request_id = values[0]
+                break
 
     lag_total: float | None = None
     phase_lags: list[float] | None = None
@@ -155,21 +174,24 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
             window_waited = min(window_waited, left - window_lag)
             phase_lags[WAIT] = min(wait_lag, window_lag)
             phase_lags[SEND] = window_lag - phase_lags[WAIT]
-        lag_total = sum(phase_lags)
+        phase_lags = [round(lag, NS_DIGITS) for lag in phase_lags]
+        lag_total = round(sum(phase_lags), NS_DIGITS)
     overhead = None
     if processing is not None and window is not None:
-        overhead = window - processing - window_lag - window_waited
+        overhead = round(window - processing - window_lag - window_waited, NS_DIGITS)
 
     first_chunk = events = max_gap = None
     if timeline.stream is not None and timeline.first_chunk_ns:
         first_chunk = (timeline.first_chunk_ns - timeline.start_ns) / 1e9
         events = timeline.stream.events
-        max_gap = provider_max_gap(timeline, lag.gaps if lag else ()) / 1e9
+        max_gap = round(provider_max_gap(timeline, lag.gaps if lag else ()) / 1e9, NS_DIGITS)
     mean_interval = chunk_rate = None
     if first_chunk is not None and timeline.chunks > 1:
         span_ns = timeline.last_chunk_ns - timeline.first_chunk_ns
-        mean_interval = span_ns / 1e9 / (timeline.chunks - 1)
-        chunk_rate = (timeline.chunks - 1) / (span_ns / 1e9) if span_ns > 0 else None
+        mean_interval = round(span_ns / 1e9 / (timeline.chunks - 1), NS_DIGITS)
+        chunk_rate = (
+            round((timeline.chunks - 1) / (span_ns / 1e9), RATE_DIGITS) if span_ns > 0 else None
+        )
 
     usage, first_token, tpot, tpot_max, unknown = token_facts(timeline, found, processing)
 
@@ -207,6 +229,8 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
         time_per_output_token=tpot,
         server_time_per_output_token_max=tpot_max,
         usage_unknown=unknown,
-        descheduled=lag.descheduled if lag is not None else 0.0,
+        descheduled=round(lag.descheduled, NS_DIGITS) if lag is not None else 0.0,
         event_loop_lag_exemplar=lag is None or lag.exemplar,
+        request_id=request_id,
+        queue_time=timeline.duration_of(QUEUE),
     )

@@ -106,6 +106,19 @@ CONNECTION_REUSED: Final = "llm_latency.connection.reused"
 PROXY_URL: Final = "llm_latency.proxy.url"
 SERVER_PROCESSING_TIME: Final = "llm_latency.server.processing_time"
 NETWORK_OVERHEAD: Final = "llm_latency.network_overhead"
+#: s, on the request span: the attempt's wait for a pooled connection (its ``http.queue``
+#: phase), so that a collapsed trace view shows it.
+QUEUE_TIME: Final = "llm_latency.queue_time"
+#: The provider's request id as one string (the first of its profile's request id headers),
+#: searchable as typed; the header's array attribute stays, as semconv spells it.
+REQUEST_ID: Final = "llm_latency.request_id"
+#: Span events on the request span (Jaeger draws each as a tick on its bar): where an attempt
+#: that queued got its connection; on a streamed answer, its first response byte, first body
+#: chunk and first generated token.
+EVENT_CONNECTION_ACQUIRED: Final = "llm_latency.connection_acquired"
+EVENT_FIRST_BYTE: Final = "llm_latency.first_byte"
+EVENT_FIRST_CHUNK: Final = "llm_latency.first_chunk"
+EVENT_FIRST_TOKEN: Final = "llm_latency.first_token"
 EVENT_LOOP_LAG: Final = "llm_latency.event_loop.lag"
 #: How long the event loop's thread waited for a CPU while the attempt was in flight (s): the
 #: machine's share of the loop's lateness, left out of ``EVENT_LOOP_LAG``.

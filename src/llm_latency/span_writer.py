@@ -24,7 +24,7 @@ from llm_latency.attempt_record import AttemptRecord
 from llm_latency.facts import error_type
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.phase_spans import PhaseSpanWriter
-from llm_latency.timeline import Timeline
+from llm_latency.timeline import QUEUE, RECEIVE, Timeline
 from llm_latency.urls import scrub_userinfo
 
 
@@ -64,6 +64,8 @@ class SpanWriter:
             span.set_status(Status(StatusCode.ERROR, f"{facts.error_type}"))
         elif facts.error_type is not None:
             span.set_status(Status(StatusCode.ERROR))
+        if facts.queue_time is not None or timeline.stream is not None:
+            add_events(span, timeline)
         span.end(timeline.to_epoch_ns(timeline.end_ns))
 
     @staticmethod
@@ -110,6 +112,30 @@ class SpanWriter:
                 record_exception(child, error)
                 child.set_status(Status(StatusCode.ERROR, kind))
             child.end(end + to_epoch)
+
+
+def add_events(span: Span, timeline: Timeline) -> None:
+    """The request span's events, each an instant a collapsed trace view cannot show otherwise
+    (Jaeger draws it as a tick on the span's bar): where an attempt that queued got its
+    connection; on a streamed answer, its first response byte, first body chunk and first
+    generated token, each only when it came later than the one before it."""
+    to_epoch = timeline.epoch_start_ns - timeline.start_ns
+    queue = timeline.bounds_of(QUEUE)
+    if queue is not None:
+        span.add_event(semconv.EVENT_CONNECTION_ACQUIRED, timestamp=queue[1] + to_epoch)
+    receive = timeline.bounds_of(RECEIVE)
+    if timeline.stream is None or receive is None:
+        return
+    last = receive[0]
+    span.add_event(semconv.EVENT_FIRST_BYTE, timestamp=last + to_epoch)
+    body = timeline.body
+    for name, at in (
+        (semconv.EVENT_FIRST_CHUNK, timeline.first_chunk_ns),
+        (semconv.EVENT_FIRST_TOKEN, body.first_token_ns if body is not None else 0),
+    ):
+        if at > last:
+            span.add_event(name, timestamp=at + to_epoch)
+            last = at
 
 
 def record_exception(span: Span, error: BaseException) -> None:

@@ -264,3 +264,83 @@ def test_jaeger_does_not_list_itself_beside_the_programs(finished: Run) -> None:
     services = get_json(url, {})["data"]
     assert finished.calls["http"].service in services
     assert "jaeger" not in services, services
+
+
+def _found(run: Run, service: str, tags: dict[str, str], **params: Any) -> set[str]:
+    """The trace ids Jaeger's search finds for ``tags``, as the UI's Tags box sends them."""
+    answer = get_json(
+        run.bundle.url("jaeger", 16686, "/api/traces"),
+        {"service": service, "tags": json.dumps(tags), "limit": 1000, "lookback": "1h", **params},
+    )
+    return {trace["traceID"] for trace in answer["data"]}
+
+
+def test_the_searches_docs_jaeger_lists_find_their_traces(finished: Run) -> None:
+    """docs/jaeger.md's searches, through the query API the UI's Search form calls: a request
+    id exactly as the provider sent it, the 429s, the queued attempts over a minimum duration,
+    the new connections and the errors each find the traces the program exported with them."""
+    workload = finished.calls["http"]
+    spans = workload.spans()
+    by_trace: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for span in spans:
+        by_trace[span["trace_id"]].append(span)
+
+    def traces_with(test: Any) -> set[str]:
+        return {trace for trace, members in by_trace.items() if any(map(test, members))}
+
+    def attribute(name: str) -> Any:
+        return lambda span: span["attributes"].get(name)
+
+    request_ids = {s["attributes"]["llm_latency.request_id"]: s["trace_id"] for s in spans
+                   if "llm_latency.request_id" in s["attributes"]}  # fmt: skip
+    assert len(request_ids) >= 5, request_ids
+    for request_id, trace in list(request_ids.items())[:5]:
+        found = _found(finished, workload.service, {"llm_latency.request_id": request_id})
+        assert found == {trace}, request_id
+    searches: list[tuple[dict[str, str], dict[str, Any], set[str]]] = [
+        (
+            {"http.response.status_code": "429"},
+            {},
+            traces_with(lambda s: s["attributes"].get("http.response.status_code") == 429),
+        ),
+        (
+            {"llm_latency.phase": "queue"},
+            {"minDuration": "1ms"},
+            traces_with(lambda s: s["name"] == "http.queue" and s["end"] - s["start"] >= 1e6),
+        ),
+        (
+            {"llm_latency.connection.reused": "false"},
+            {},
+            traces_with(lambda s: s["attributes"].get("llm_latency.connection.reused") is False),
+        ),
+        ({"error": "true"}, {}, traces_with(lambda s: s["status"] == "ERROR")),
+    ]
+    for tags, params, expected in searches:
+        assert expected, tags  # the workload has such attempts
+        assert _found(finished, workload.service, tags, **params) == expected, (tags, params)
+    assert traces_with(attribute("llm_latency.queue_time")) == traces_with(
+        lambda s: s["name"] == "http.queue"
+    )
+    counts = [
+        f"{' '.join(f'{k}={v}' for k, v in tags.items())}: {len(expected)} traces"
+        for tags, _, expected in searches
+    ]
+    report(
+        f"Jaeger search, OTLP/http: {len(request_ids)} request ids each found as typed; "
+        + ", ".join(counts)
+    )
+
+
+def test_no_exported_double_shows_float_noise(finished: Run) -> None:
+    """Every double the program exported (and Jaeger shows as sent) is rounded to what it
+    means: seconds to the nanosecond, rates to the thousandth (no 0.016716636000000007)."""
+    doubles = [
+        (span["name"], name, value)
+        for protocol in PROTOCOLS
+        for span in finished.calls[protocol].spans()
+        for name, value in span["attributes"].items()
+        if isinstance(value, float)
+    ]
+    assert len(doubles) > 50, doubles
+    noisy = [(span, name, value) for span, name, value in doubles if value != round(value, 9)]
+    assert not noisy, noisy
