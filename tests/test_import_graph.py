@@ -63,6 +63,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.trace_json",
         "llm_latency.diagnosis",
     ),
+    # OpenTelemetry's private internals, read in this one module (tests/test_otel_internals.py)
+    ("llm_latency.otel_internals",),
     # plain records and names, no OpenTelemetry SDK in them
     (
         "llm_latency.calls",

@@ -38,7 +38,8 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceState
 from opentelemetry.util.types import Attributes, AttributeValue
 
 import llm_latency
-from llm_latency.late_spans import LateSpan, StartListeners, start_late
+from llm_latency.late_spans import LateSpan, start_late
+from llm_latency.otel_internals import StartListeners, TracerParts, tracer_parts
 from llm_latency.phase_spans import PhaseSpanWriter
 from tests.servers import LLMServer, unused_port
 from tests.span_tree import span_tree
@@ -142,6 +143,13 @@ def failed(span: trace.Span) -> None:
     span.set_status(Status(StatusCode.ERROR, "ConnectionResetError"))
 
 
+def parts(tracer: trace.Tracer) -> TracerParts:
+    """What ``start_late`` is given of an SDK tracer."""
+    found = tracer_parts(tracer)
+    assert found is not None
+    return found
+
+
 def both(
     sampler: Callable[[], Sampler],
     finish: Finish,
@@ -159,7 +167,7 @@ def both(
         try:
             if late:
                 span = start_late(
-                    tracer, "POST /v1/chat/completions", SpanKind.CLIENT, dict(ATTRIBUTES),
+                    parts(tracer), "POST /v1/chat/completions", SpanKind.CLIENT, dict(ATTRIBUTES),
                     links, START,
                 )  # fmt: skip
             else:
@@ -277,7 +285,7 @@ def test_what_only_a_live_span_records_makes_it_one_at_its_end(
 
 def test_nothing_is_kept_after_the_end() -> None:
     tracer, recorded = provider(ParentBased(ALWAYS_ON))
-    span = start_late(tracer, "POST", SpanKind.CLIENT, {}, (), START)
+    span = start_late(parts(tracer), "POST", SpanKind.CLIENT, {}, (), START)
     span.end(START + 1)
     span.set_attribute("late", True)
     span.set_status(Status(StatusCode.ERROR))

@@ -9,15 +9,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.version import __version__ as sdk_version
 
 import llm_latency
-from llm_latency import phase_spans
-from llm_latency.phase_spans import direct_path_supported, sdk_release
+from llm_latency import otel_internals, phase_spans
 from tests.conftest import Telemetry
 from tests.servers import LLMServer
 from tests.span_tree import span_tree
@@ -34,16 +32,6 @@ class StartedNames(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         pass
-
-
-def test_only_tested_sdk_releases_take_the_direct_path() -> None:
-    tracer = TracerProvider().get_tracer("t")
-    assert sdk_release(sdk_version) is not None
-    assert direct_path_supported(tracer, sdk_version)
-    assert not direct_path_supported(tracer, "2.0.0")
-    assert not direct_path_supported(tracer, "1.42.9")
-    assert not direct_path_supported(tracer, "a.b")
-    assert not direct_path_supported(trace.NoOpTracer(), sdk_version)
 
 
 async def traced_request(
@@ -79,7 +67,7 @@ async def test_the_same_trace_either_way(
     version: str,
     on_start_sees_phases: bool,
 ) -> None:
-    monkeypatch.setattr(phase_spans, "_SDK_VERSION", version)
+    monkeypatch.setattr(otel_internals, "SDK_VERSION", version)
     tree, started = await traced_request(telemetry, server, **options)
     (request,) = tree
     assert request["name"] == "POST /v1/chat/completions"

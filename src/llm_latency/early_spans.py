@@ -21,15 +21,14 @@ generator from ``OTEL_*``) but set nowhere, whose one span processor holds the s
 - anything else (the program's own providers, ``OTEL_SDK_DISABLED``, no SDK installed, the
   instrumentation ended first): they are dropped, as the no-op tracer would have dropped them.
 
-The API's ``ProxyTracer`` resolves its tracer in its ``_tracer`` property; llm-latency replaces
-that property while the set-up is pending, and only then (it is put back at the decision). Once
-a provider is set, the API's own resolution runs unchanged, and a proxy never keeps the
-provisional tracer.
+The API's ``ProxyTracer`` resolves its tracer in a property (read and set through
+``otel_internals``); llm-latency replaces that property while the set-up is pending, and only
+then (it is put back at the decision). Once a provider is set, the API's own resolution runs
+unchanged, and a proxy never keeps the provisional tracer.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 from opentelemetry import trace
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from llm_latency import forks, live_state
+from llm_latency import forks, live_state, otel_internals
 
 try:  # the SDK is an extra: nothing is held without it
     from opentelemetry.sdk.trace import SpanProcessor
@@ -113,31 +112,19 @@ class _Holding:
                 self.provider = provider
         if self.provider is None:
             return None
-        return self.provider.get_tracer(
-            proxy._instrumenting_module_name,
-            proxy._instrumenting_library_version,
-            proxy._schema_url,
-            proxy._attributes,
-        )
+        return self.provider.get_tracer(*otel_internals.proxy_scope(proxy))
 
 
 _lock = forks.lock()
 _holding: _Holding | None = None
-#: The API's own ``ProxyTracer._tracer``, put back at the decision.
+#: The API's own resolution of a ``ProxyTracer``'s tracer, put back at the decision.
 _api_property: property | None = None
 _failed = False
-#: What a ProxyTracer must have for :func:`_resolve` (the API's layout since 1.x).
-_PROXY_ATTRIBUTES: Final = (
-    "_instrumenting_module_name",
-    "_instrumenting_library_version",
-    "_schema_url",
-    "_attributes",
-)
 
 
 def _resolve(proxy: Any) -> Tracer:
-    """``ProxyTracer._tracer`` while holding: the API's answer, unless it is the no-op tracer
-    because no provider is set, then the provisional provider's tracer."""
+    """A ``ProxyTracer``'s tracer while holding: the API's answer, unless it is the no-op
+    tracer because no provider is set, then the provisional provider's tracer."""
     global _failed
     api = _api_property
     tracer: Tracer = api.fget(proxy) if api is not None and api.fget is not None else NoOpTracer()
@@ -168,22 +155,21 @@ def hold(build: Callable[[], TracerProvider]) -> None:
     with _lock:
         if _holding is not None:
             return
-        api = inspect.getattr_static(trace.ProxyTracer, "_tracer", None)
-        known = isinstance(api, property) and api.fget is not None
-        if not known or not all(hasattr(trace.ProxyTracer("x"), a) for a in _PROXY_ATTRIBUTES):
+        api = otel_internals.proxy_resolution()
+        if api is None:
             return
         _api_property = api
         _holding = _Holding(build)
-        setattr(trace.ProxyTracer, "_tracer", property(_resolve))  # noqa: B010
+        otel_internals.set_proxy_resolution(property(_resolve))
 
 
 def _stop() -> _Holding | None:
     global _holding
     with _lock:
         holding, _holding = _holding, None
-        ours = inspect.getattr_static(trace.ProxyTracer, "_tracer", None)
-        if holding is not None and isinstance(ours, property) and ours.fget is _resolve:
-            setattr(trace.ProxyTracer, "_tracer", _api_property)  # noqa: B010
+        ours = otel_internals.proxy_resolution()
+        if holding is not None and ours is not None and ours.fget is _resolve:
+            otel_internals.set_proxy_resolution(_api_property)
         return holding
 
 

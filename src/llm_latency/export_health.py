@@ -20,6 +20,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from llm_latency import otel_internals
+
 _logger = logging.getLogger(__name__)
 
 
@@ -87,7 +89,7 @@ class ExportHealth:
             return
         self._warned = True
         _logger.warning(
-            "%s", warning_line(signal, getattr(exporter, "_endpoint", None), self.detail)
+            "%s", warning_line(signal, otel_internals.exporter_endpoint(exporter), self.detail)
         )
 
     @property
@@ -177,10 +179,8 @@ class QuietMetricExporter(MetricExporter):
     """A metric exporter whose failures are reported once (see :class:`ExportHealth`)."""
 
     def __init__(self, inner: MetricExporter, health: ExportHealth) -> None:
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
-        )
+        temporality, aggregation = otel_internals.exporter_preferences(inner)
+        super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._inner = inner
         self._health = health
         health.watch(inner)

@@ -6,7 +6,7 @@ attribute cleaning (each value checked and copied), its event and link lists, th
 attribute, 8 k more per attribute, here. llm-latency needs little of it while the attempt runs:
 the span's context (for ``traceparent``, for the phase spans and the metrics' exemplars) and a
 place to gather its attributes. So, on the SDK releases the direct path is tested with
-(:func:`~llm_latency.phase_spans.direct_path_supported`), :func:`start_late` takes the sampling
+(:func:`~llm_latency.otel_internals.tracer_parts`), :func:`start_late` takes the sampling
 decision exactly as ``start_span`` does (the tracer's sampler, on the same name, kind,
 attributes and links, in the current context; the same trace flags and trace state) and returns
 a :class:`LateSpan`, which keeps what the attempt sets and, at its end, hands one finished
@@ -14,12 +14,12 @@ a :class:`LateSpan`, which keeps what the attempt sets and, at its end, hands on
 
 What differs from ``start_span``: the span processors would see the request span in ``on_end``
 only, not in ``on_start`` nor ``_on_ending``. So it is taken only while no span processor of
-the tracer does anything there (:class:`StartListeners`: the SDK's batch and simple processors
-do nothing; a processor that copies baggage into attributes at the start, say, does), and
-``instrument(phase_span_fast_path=False)`` turns it off with the phase spans' direct path. A
-span that needs what only a live SDK span does (an exception or other event, a link, an
-attribute limit that bites) is made a live SDK span at its end, with the same context, start
-time and attributes, and ended there.
+the tracer does anything there (:class:`~llm_latency.otel_internals.StartListeners`: the SDK's
+batch and simple processors do nothing; a processor that copies baggage into attributes at the
+start, say, does), and ``instrument(phase_span_fast_path=False)`` turns it off with the phase
+spans' direct path. A span that needs what only a live SDK span does (an exception or other
+event, a link, an attribute limit that bites) is made a live SDK span at its end, with the same
+context, start time and attributes, and ended there.
 """
 
 from __future__ import annotations
@@ -32,20 +32,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-try:  # the SDK is a dependency of the direct path only (start_late is called with its tracer)
-    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-    from opentelemetry.sdk.trace import _Span as SdkLiveSpan
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from llm_latency.otel_internals import LiveSpan, TracerParts
 
-    #: The SDK's own processors, whose ``on_start`` and ``_on_ending`` do nothing.
-    _SILENT_AT_START: frozenset[Any] = frozenset(
-        getattr(kind, hook, None)
-        for kind in (SpanProcessor, BatchSpanProcessor, SimpleSpanProcessor)
-        for hook in ("on_start", "_on_ending")
-    )
+try:  # the SDK is an extra: the direct path's only (start_late is called with its tracer's parts)
+    from opentelemetry.sdk.trace import ReadableSpan
 except ImportError:  # pragma: no cover
-    ReadableSpan = SdkLiveSpan = None  # type: ignore[assignment,misc]
-    _SILENT_AT_START = frozenset()
+    ReadableSpan = None  # type: ignore[assignment,misc]
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -56,51 +48,20 @@ _UNSET = Status(StatusCode.UNSET)
 _Replay = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 
-class StartListeners:
-    """Whether any span processor of an SDK tracer acts when a span starts or is ending
-    (``on_start``, ``_on_ending``): decided once per set of processors (the SDK replaces its
-    tuple of processors when one is added)."""
-
-    def __init__(self, tracer: Any) -> None:
-        self._processor = getattr(tracer, "span_processor", None)
-        self._seen: object = _NOT_SEEN
-        self._listening = True
-
-    def listening(self) -> bool:
-        """True when a request span must be a live SDK span for the processors to see it."""
-        processors = getattr(self._processor, "_span_processors", None)
-        if processors is not self._seen:
-            self._seen = processors
-            self._listening = processors is None or any(map(_listens, processors))
-        return self._listening
-
-
-_NOT_SEEN: Any = object()
-
-
-def _listens(processor: Any) -> bool:
-    inner = getattr(processor, "_span_processors", None)
-    if inner is not None:  # a multi-processor: its members say
-        return any(map(_listens, inner))
-    kind = type(processor)
-    return not all(
-        getattr(kind, hook, None) in _SILENT_AT_START for hook in ("on_start", "_on_ending")
-    )
-
-
 def start_late(
-    tracer: Any,
+    sdk: TracerParts,
     name: str,
     kind: SpanKind,
     attributes: dict[str, Any],
     links: Sequence[Link],
     start_time: int,
 ) -> Span:
-    """Start a request span on the SDK ``tracer`` as ``tracer.start_span`` would, in the
+    """Start a request span on the SDK tracer of ``sdk`` as its ``start_span`` would, in the
     current context; the span is written at its end (see the module's docstring)."""
     current = trace.get_current_span().get_span_context()
-    if not tracer._is_enabled():
+    if not sdk.is_enabled():
         return NonRecordingSpan(current)
+    tracer = sdk.tracer
     parent: SpanContext | None = None
     if current is None or not current.is_valid:
         trace_id = tracer.id_generator.generate_trace_id()
@@ -121,11 +82,11 @@ def start_late(
         trace_flags=flags,
         trace_state=sampling.trace_state,
     )
-    end_metrics = tracer._tracer_metrics.start_span(parent, decision)
+    end_metrics = sdk.count_start(parent, decision)
     if not decision.is_recording():
         return NonRecordingSpan(context)
     return LateSpan(
-        tracer, name, context, parent, kind, dict(sampling.attributes), links, start_time,
+        sdk, name, context, parent, kind, dict(sampling.attributes), links, start_time,
         end_metrics,
     )  # fmt: skip
 
@@ -143,14 +104,14 @@ class LateSpan(Span):
         "_name",
         "_parent",
         "_replay",
+        "_sdk",
         "_start_time",
         "_status",
-        "_tracer",
     )
 
     def __init__(
         self,
-        tracer: Any,
+        sdk: TracerParts,
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
@@ -160,7 +121,7 @@ class LateSpan(Span):
         start_time: int,
         end_metrics: Callable[[], None],
     ) -> None:
-        self._tracer = tracer
+        self._sdk = sdk
         self._name = name
         self._context = context
         self._parent = parent
@@ -228,8 +189,8 @@ class LateSpan(Span):
         if self._end_time is not None:
             return
         self._end_time = end_time = time.time_ns() if end_time is None else end_time
-        tracer = self._tracer
-        limits = tracer._span_limits
+        sdk = self._sdk
+        limits = sdk.limits
         if (
             self._replay
             or self._links
@@ -241,7 +202,8 @@ class LateSpan(Span):
         ):
             self._end_live(end_time)
         else:
-            tracer.span_processor.on_end(
+            tracer = sdk.tracer
+            sdk.on_end(
                 ReadableSpan(
                     name=self._name,
                     context=self._context,
@@ -253,7 +215,7 @@ class LateSpan(Span):
                     start_time=self._start_time,
                     end_time=end_time,
                     instrumentation_info=tracer.instrumentation_info,
-                    instrumentation_scope=tracer._instrumentation_scope,
+                    instrumentation_scope=sdk.scope,
                 )
             )
         self._replay = []
@@ -262,8 +224,9 @@ class LateSpan(Span):
     def _end_live(self, end_time: int) -> None:
         """Make the span an SDK span with the same context and start, replay what only it
         records, and end it: the SDK applies its limits, events and links."""
-        tracer = self._tracer
-        live = SdkLiveSpan(
+        sdk = self._sdk
+        tracer = sdk.tracer
+        live = LiveSpan(
             name=self._name,
             context=self._context,
             parent=self._parent,
@@ -274,8 +237,8 @@ class LateSpan(Span):
             kind=self._kind,
             links=self._links,
             instrumentation_info=tracer.instrumentation_info,
-            limits=tracer._span_limits,
-            instrumentation_scope=tracer._instrumentation_scope,
+            limits=sdk.limits,
+            instrumentation_scope=sdk.scope,
         )
         live.start(start_time=self._start_time)
         for method, args, kwargs in self._replay:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
-from llm_latency import event_loop, forks, setup
+from llm_latency import event_loop, forks, otel_internals, setup
 from llm_latency.import_hooks import when_imported
 
 if TYPE_CHECKING:  # the SDK is an extra: imported only where llm-latency sets it up
@@ -305,14 +305,7 @@ def _forget_metric_points(meter_provider: Any) -> None:
     """Drop the metric points a forked child inherited: they are the parent's to export (the
     SDK restarts its threads and clears its span queue in a child, but keeps these)."""
     try:
-        consumer = meter_provider._measurement_consumer
-        consumer._lock = threading.Lock()
-        for storage in consumer._reader_storages.values():
-            storage._lock = threading.RLock()
-            for matches in storage._instrument_view_instrument_matches.values():
-                for match in matches:
-                    match._lock = threading.Lock()
-                    match._attributes_aggregation.clear()
+        otel_internals.forget_metric_points(meter_provider)
     except Exception:  # the SDK's layout changed: report once, keep going
         _logger.warning(
             "llm-latency: a forked process may export its parent's metric points again "

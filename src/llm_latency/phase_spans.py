@@ -16,75 +16,62 @@ form the cleaning produces, so they are written into the span's attribute mappin
 locks, when the span is the SDK's and the whole set fits its limits (no value-length limit, room
 for every attribute). Otherwise ``set_attributes`` is called.
 
-The direct path reads the SDK tracer's ``span_processor``, ``id_generator``, ``resource`` and
-``_instrumentation_scope``, and a span's ``_lock``, ``_end_time`` and ``_attributes``: it is
-taken only with an SDK release in the range CI tests (:data:`FAST_PATH_SDK`) that has the
-tracer's four, and only when the program has not turned it off
-(``instrument(phase_span_fast_path=False)``: for span processors that need ``on_start``).
+The direct path reads the SDK tracer's ``span_processor``, ``id_generator`` and ``resource``,
+and, through :mod:`llm_latency.otel_internals` (bound once per writer), its instrumentation
+scope and a live span's attribute mapping: it is taken only with an SDK release that module's
+gate lets through (:data:`~llm_latency.otel_internals.FAST_PATH_SDK`), and only when the
+program has not turned it off (``instrument(phase_span_fast_path=False)``: for span processors
+that need ``on_start``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Tracer
 
-from llm_latency import semconv
-from llm_latency.late_spans import LateSpan, StartListeners, start_late
+from llm_latency import otel_internals, semconv
+from llm_latency.late_spans import start_late
+from llm_latency.otel_internals import StartListeners, TracerParts
 from llm_latency.timeline import PHASE_NAMES
 
-try:  # the SDK is a dependency, but the tracer in use may be another implementation's
-    from opentelemetry.attributes import BoundedAttributes
+try:  # the SDK is an extra, and the tracer in use may be another implementation's
     from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.sdk.trace import Span as SdkSpan
-    from opentelemetry.sdk.trace import Tracer as SdkTracer
-    from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 except ImportError:  # pragma: no cover
-    SdkTracer = SdkSpan = BoundedAttributes = None  # type: ignore[assignment,misc]
-    _SDK_VERSION = ""
+    ReadableSpan = None  # type: ignore[assignment,misc]
 
 _INTERNAL = SpanKind.INTERNAL
 
 #: Hosts whose attribute sets are kept at most (beyond, they are built per span).
 _MAX_HOSTS = 256
 
-#: The OpenTelemetry SDK releases the direct path is tested with: ``[first, last)`` (major,
-#: minor). Outside, phase spans go through the public API.
-FAST_PATH_SDK: Final = ((1, 43), (2, 0))
-_SDK_TRACER_FIELDS: Final = ("span_processor", "id_generator", "resource", "_instrumentation_scope")
 
-
-def sdk_release(version: str) -> tuple[int, int] | None:
-    """``(major, minor)`` of an SDK version string, or None when it does not read as one."""
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def direct_path_supported(tracer: Tracer, sdk_version: str) -> bool:
-    """Whether finished phase spans can be handed to this tracer's span processor: an SDK
-    tracer, of a tested release, with the fields the direct path reads."""
-    if SdkTracer is None or not isinstance(tracer, SdkTracer):
-        return False
-    release = sdk_release(sdk_version)
-    first, last = FAST_PATH_SDK
-    if release is None or not first <= release < last:
-        return False
-    return all(hasattr(tracer, field) for field in _SDK_TRACER_FIELDS)
+def _set_attributes(span: Span, attributes: dict[str, Any]) -> None:
+    span.set_attributes(attributes)
 
 
 class PhaseSpanWriter:
-    """Emits one finished phase span under a request span."""
+    """Emits one finished phase span under a request span.
+
+    ``set_attributes(span, attributes)`` adds ``attributes`` to a recording span, as
+    ``span.set_attributes`` would; their values must be as the SDK keeps them: str, bool, int,
+    float, or tuples of those. On the direct path it is
+    :func:`~llm_latency.otel_internals.set_clean_attributes`.
+    """
+
+    set_attributes: Callable[[Span, dict[str, Any]], None]
 
     def __init__(self, tracer: Tracer, *, fast_path: bool = True) -> None:
         self._tracer = tracer
-        self._sdk = fast_path and direct_path_supported(tracer, _SDK_VERSION)
+        #: What the direct path reads of the SDK tracer (None: the public API).
+        self._sdk: TracerParts | None = otel_internals.tracer_parts(tracer) if fast_path else None
         self._start_listeners = StartListeners(tracer)
+        self.set_attributes = (
+            _set_attributes if self._sdk is None else otel_internals.set_clean_attributes
+        )
         # host -> ``{llm_latency.phase, server.address}`` per phase, shared read-only by every
         # span and phase-duration measurement of that phase and host (span metrics and
         # dashboards filter phases by host).
@@ -102,7 +89,7 @@ class PhaseSpanWriter:
         on the direct path while no span processor acts at a span's start, else through the
         tracer's ``start_span``."""
         if self._sdk and not self._start_listeners.listening():
-            return start_late(self._tracer, name, kind, attributes, links, start_time)
+            return start_late(self._sdk, name, kind, attributes, links, start_time)
         return self._tracer.start_span(
             name, kind=kind, attributes=attributes, links=links, start_time=start_time
         )
@@ -135,8 +122,10 @@ class PhaseSpanWriter:
         start_ns: int,
         end_ns: int,
     ) -> None:
-        """Hand a finished, successful phase span to the SDK's span processor."""
-        tracer: Any = self._tracer
+        """Hand a finished, successful phase span to the SDK's span processor (only with a
+        context :meth:`fast_path` gave)."""
+        sdk: Any = self._sdk
+        tracer = sdk.tracer
         context = SpanContext(
             parent.trace_id,
             tracer.id_generator.generate_span_id(),
@@ -144,7 +133,7 @@ class PhaseSpanWriter:
             parent.trace_flags,
             parent.trace_state,
         )
-        tracer.span_processor.on_end(
+        sdk.on_end(
             ReadableSpan(
                 name=semconv.PHASE_SPAN_NAMES[phase],
                 context=context,
@@ -154,30 +143,9 @@ class PhaseSpanWriter:
                 kind=_INTERNAL,
                 start_time=start_ns,
                 end_time=end_ns,
-                instrumentation_scope=tracer._instrumentation_scope,
+                instrumentation_scope=sdk.scope,
             )
         )
-
-    def set_attributes(self, span: Span, attributes: dict[str, Any]) -> None:
-        """Add ``attributes`` to a recording span, as ``span.set_attributes`` would. Their
-        values must be as the SDK keeps them: str, bool, int, float, or tuples of those."""
-        if type(span) is LateSpan:
-            span.set_attributes(attributes)
-            return
-        if self._sdk and isinstance(span, SdkSpan):
-            sdk_span: Any = span
-            kept = sdk_span._attributes
-            if (
-                type(kept) is BoundedAttributes
-                and kept.max_value_len is None
-                and (kept.maxlen is None or len(kept) + len(attributes) <= kept.maxlen)
-            ):
-                with sdk_span._lock:
-                    if sdk_span._end_time is None:
-                        with kept._lock:
-                            kept._dict.update(attributes)
-                        return
-        span.set_attributes(attributes)
 
     def start(
         self, phase: int, attributes: Mapping[str, Any], context: Context, start_ns: int

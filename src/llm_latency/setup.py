@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
-from llm_latency import early_spans, forks
+from llm_latency import early_spans, forks, otel_internals
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
@@ -59,7 +59,7 @@ def tracer_provider_is_set() -> bool:
 
 def meter_provider_is_set() -> bool:
     """Whether a meter provider has been set globally (not the API's default proxy)."""
-    return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
+    return not otel_internals.is_proxy_meter_provider(metrics.get_meter_provider())
 
 
 def _sdk_disabled() -> bool:
@@ -91,9 +91,7 @@ def exporter_names(signal: str, requested: Sequence[str] | None = None) -> list[
 
 def span_exporters(names: Sequence[str] | None = None) -> list[SpanExporter]:
     """Span exporters by entry-point name (default: as ``OTEL_TRACES_EXPORTER`` says)."""
-    from opentelemetry.sdk._configuration import _import_exporters
-
-    found, _, _ = _import_exporters(exporter_names("traces", names), [], [])
+    found, _ = otel_internals.exporter_classes(exporter_names("traces", names), [])
     return [exporter_class() for exporter_class in found.values()]
 
 
@@ -102,9 +100,7 @@ def metric_exporters(
 ) -> list[MetricExporter | MetricReader]:
     """Metric exporters (push) and readers (pull, such as prometheus) by entry-point name
     (default: as ``OTEL_METRICS_EXPORTER`` says)."""
-    from opentelemetry.sdk._configuration import _import_exporters
-
-    _, found, _ = _import_exporters([], exporter_names("metrics", names), [])
+    _, found = otel_internals.exporter_classes([], exporter_names("metrics", names))
     return [exporter_class() for exporter_class in found.values()]
 
 
@@ -155,19 +151,11 @@ def _configure_or_warn() -> None:
 def _tracer_provider(resource: Resource) -> TracerProvider:
     """A tracer provider as the SDK reads ``OTEL_*`` (sampler, id generator), with no span
     processor, flushed by ``lifecycle`` rather than at exit by itself."""
-    from opentelemetry.sdk._configuration import (
-        _get_id_generator,
-        _get_sampler,
-        _import_id_generator,
-        _import_sampler,
-    )
     from opentelemetry.sdk.trace import TracerProvider
 
+    sampler, id_generator = otel_internals.sampler_and_id_generator()
     return TracerProvider(
-        resource=resource,
-        sampler=_import_sampler(_get_sampler()),
-        id_generator=_import_id_generator(_get_id_generator()),
-        shutdown_on_exit=False,
+        resource=resource, sampler=sampler, id_generator=id_generator, shutdown_on_exit=False
     )
 
 
