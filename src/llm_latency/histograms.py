@@ -17,7 +17,7 @@ dropped whenever the readers change (the SDK replaces their storage, never mutat
 forked child, where llm-latency drops the parent's metric points of an SDK it set up
 (``lifecycle``): the aggregations kept would be the parent's, which no reader collects there.
 
-The direct path (:class:`~llm_latency.otel_internals.DirectHistogram`, where the SDK's private
+The direct path (:class:`~llm_latency.otel_internals.SdkHistogramRecorder`, where the SDK's private
 names it reads are) is taken only for an SDK ``Histogram`` of a release the gate of
 :mod:`llm_latency.otel_internals` lets through, and for a value the API would take (finite,
 not negative); anything else, or any surprise, goes through the API, for good.
@@ -26,8 +26,7 @@ not negative); anything else, or any surprise, goes through the API, for good.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Final
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Histogram
@@ -51,34 +50,14 @@ def _forget_kept() -> None:
         recorder.forget_kept()
 
 
-class HistogramRecorder:
+class HistogramRecorder(otel_internals.SdkHistogramRecorder):
     """Records into one histogram: through the API, or straight into the aggregations of the
     attribute sets already seen (see the module's docstring). ``direct=False``: the API only.
-
-    ``record(value, attributes, context)`` records ``value`` with ``attributes`` (strings,
-    integers, booleans) in ``context`` (its span, when sampled, is the exemplar's trace;
-    :data:`NO_TRACE`: no trace): the instrument's own ``record``, or the direct path's."""
-
-    record: Callable[[float, Mapping[str, Any], Context], None]
+    ``record(value, attributes, context)`` takes strings, integers and booleans as attribute
+    values; the context's span, when sampled, is the exemplar's trace (:data:`NO_TRACE`: no
+    trace)."""
 
     def __init__(self, instrument: Histogram, direct: bool = True) -> None:
-        self.instrument = instrument
-        self._direct = (
-            otel_internals.direct_histogram(instrument, NO_TRACE, MAX_KEPT) if direct else None
-        )
-        if self._direct is None:
-            self.record = instrument.record
-        else:
-            self.record = self._direct.record
+        super().__init__(instrument, NO_TRACE, MAX_KEPT, direct)
+        if self.direct:
             _RECORDERS.add(self)
-
-    @property
-    def direct(self) -> bool:
-        """Whether records go straight to the aggregations (else through the API)."""
-        return self._direct is not None and self._direct.direct
-
-    def forget_kept(self) -> None:
-        """Drop the aggregations kept: each attribute set's next record goes through the API,
-        and keeps the aggregation that record went to."""
-        if self._direct is not None:
-            self._direct.forget()

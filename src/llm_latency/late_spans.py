@@ -59,7 +59,8 @@ def start_late(
     """Start a request span on the SDK tracer of ``sdk`` as its ``start_span`` would, in the
     current context; the span is written at its end (see the module's docstring)."""
     current = trace.get_current_span().get_span_context()
-    if not sdk.is_enabled():
+    is_enabled = sdk.is_enabled
+    if not is_enabled():
         return NonRecordingSpan(current)
     tracer = sdk.tracer
     parent: SpanContext | None = None
@@ -82,7 +83,7 @@ def start_late(
         trace_flags=flags,
         trace_state=sampling.trace_state,
     )
-    end_metrics = sdk.count_start(parent, decision)
+    end_metrics = sdk.tracer_metrics.start_span(parent, decision)
     if not decision.is_recording():
         return NonRecordingSpan(context)
     return LateSpan(
@@ -203,7 +204,7 @@ class LateSpan(Span):
             self._end_live(end_time)
         else:
             tracer = sdk.tracer
-            sdk.on_end(
+            tracer.span_processor.on_end(
                 ReadableSpan(
                     name=self._name,
                     context=self._context,

@@ -92,18 +92,19 @@ class TracerParts:
     """What the span fast paths read of an SDK tracer, bound once (each is fixed for the
     tracer's life; what may change, such as its ``resource``, is read from :attr:`tracer`)."""
 
-    __slots__ = ("count_start", "is_enabled", "limits", "on_end", "scope", "tracer")
+    __slots__ = ("is_enabled", "limits", "scope", "tracer", "tracer_metrics")
 
     def __init__(self, tracer: Any) -> None:
         self.tracer = tracer
         self.scope = tracer._instrumentation_scope
         self.limits = tracer._span_limits
-        #: ``()``: whether the tracer is on now (its configurator may switch it).
+        #: ``()``: whether the tracer is on now (its configurator may switch it). A bound
+        #: method kept in a slot: read it, then call it (``sdk.is_enabled()`` would not be
+        #: specialized as a method call is).
         self.is_enabled = tracer._is_enabled
-        #: ``(parent, decision)``: the SDK's span metrics; returns what counts the span's end.
-        self.count_start = tracer._tracer_metrics.start_span
-        #: Its span processor's ``on_end`` (the provider's processor, never replaced).
-        self.on_end = tracer.span_processor.on_end
+        #: The SDK's span metrics: ``start_span(parent, decision)`` counts a started span and
+        #: returns what counts its end.
+        self.tracer_metrics = tracer._tracer_metrics
 
 
 def tracer_parts(tracer: trace.Tracer) -> TracerParts | None:
@@ -193,29 +194,33 @@ class _Measurement:
 _Key = tuple[tuple[str, Any], ...]
 
 
-class DirectHistogram:
-    """One SDK histogram's records: an attribute set's first through the API, which makes its
-    aggregations (one per reader and view), then later ones handed to those aggregations
-    (``histograms`` says why). The kept ones are dropped when the readers change (the
-    instrument's ``_reader_storages`` is replaced, never mutated) and by :meth:`forget`; a
+class SdkHistogramRecorder:
+    """Records into one histogram: where it is an SDK histogram of a tested release (and
+    ``direct``), an attribute set's first record through the API, which makes its aggregations
+    (one per reader and view), later ones handed to those aggregations (``histograms`` says
+    why); else through the API. The kept ones are dropped when the readers change (the
+    instrument's ``_reader_storages`` is replaced, never mutated) and by :meth:`forget_kept`; a
     value or meter state the API would refuse, and any surprise, goes through the API."""
 
-    def __init__(self, instrument: Any, no_trace: Context, max_kept: int) -> None:
-        self._instrument = instrument
+    def __init__(self, instrument: Any, no_trace: Context, max_kept: int, direct: bool) -> None:
+        self.instrument = instrument
+        #: Whether records go straight to the aggregations (else through the API); False
+        #: once the SDK surprised it.
+        self.direct = direct and _direct_path_supported(instrument)
+        self._no_trace = no_trace
+        self._max_kept = max_kept
+        self._kept: dict[_Key, tuple[Any, ...]] = {}
+        self._storages: object = None
+        #: What the exemplar filter answers for a record in ``no_trace`` when it is one of the
+        #: SDK's, whose answer depends on the span alone; None: ask it each time.
+        self._untraced_sample: bool | None = None
+        if not self.direct:
+            return
         self._consumer = instrument._measurement_consumer
         self._sdk_config = self._consumer._sdk_config
         #: The meter's switch (``_ProxyMeterConfig``), read on every record as the instrument's
         #: ``_is_enabled`` reads it; None: always on.
         self._meter_config = instrument._meter_config
-        self._no_trace = no_trace
-        self._max_kept = max_kept
-        self._kept: dict[_Key, tuple[Any, ...]] = {}
-        self._storages: object = None
-        #: False once the SDK surprised it: the API only, from then on.
-        self.direct = True
-        #: What the exemplar filter answers for a record in ``no_trace`` when it is one of the
-        #: SDK's, whose answer depends on the span alone; None: ask it each time.
-        self._untraced_sample: bool | None = None
         exemplar_filter = type(self._sdk_config.exemplar_filter)
         if exemplar_filter in (TraceBasedExemplarFilter, AlwaysOffExemplarFilter):
             self._untraced_sample = False
@@ -225,7 +230,7 @@ class DirectHistogram:
     def record(self, value: float, attributes: Mapping[str, Any], context: Context) -> None:
         """Record ``value`` with ``attributes`` (strings, integers, booleans) in ``context``
         (its span, when sampled, is the exemplar's trace; ``no_trace``: no trace)."""
-        instrument = self._instrument
+        instrument = self.instrument
         if not self.direct:
             instrument.record(value, attributes, context)
             return
@@ -250,7 +255,7 @@ class DirectHistogram:
         for aggregation in aggregations:
             aggregation.aggregate(measurement, sample)
 
-    def forget(self) -> None:
+    def forget_kept(self) -> None:
         """Drop the aggregations kept: each attribute set's next record goes through the API,
         and keeps the aggregation that record went to."""
         self._kept = {}
@@ -258,7 +263,7 @@ class DirectHistogram:
 
     def _keep(self, key: _Key, attributes: Mapping[str, Any]) -> None:
         """Find and keep the aggregations the API just recorded ``attributes`` into."""
-        instrument = self._instrument
+        instrument = self.instrument
         try:
             storages = self._consumer._reader_storages
             if storages is not self._storages:
@@ -297,21 +302,19 @@ def _typed(attributes: Mapping[str, Any]) -> set[tuple[str, type, Any]]:
     return {(name, type(value), value) for name, value in attributes.items()}
 
 
-def direct_histogram(instrument: Any, no_trace: Context, max_kept: int) -> DirectHistogram | None:
-    """The direct path of ``instrument``'s records, keeping at most ``max_kept`` attribute sets,
-    or None (the API) unless it is an SDK histogram, of a tested release, with what it reads."""
+def _direct_path_supported(instrument: Any) -> bool:
+    """Whether ``instrument`` is an SDK histogram, of a tested release, with what the direct
+    path reads."""
     if _SdkHistogram is None or not (isinstance(instrument, _SdkHistogram) and is_tested_release()):
-        return None
+        return False
     consumer = getattr(instrument, "_measurement_consumer", None)
     config = getattr(consumer, "_sdk_config", None)
     meter_config = getattr(instrument, "_meter_config", False)
-    if (
+    return (
         (meter_config is None or isinstance(getattr(meter_config, "_config", None), _MeterConfig))
         and isinstance(getattr(consumer, "_reader_storages", None), Mapping)
         and hasattr(config, "exemplar_filter")
-    ):
-        return DirectHistogram(instrument, no_trace, max_kept)
-    return None
+    )
 
 
 def forget_metric_points(meter_provider: Any) -> None:

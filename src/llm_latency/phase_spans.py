@@ -26,7 +26,7 @@ that need ``on_start``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -34,8 +34,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Tracer
 
 from llm_latency import otel_internals, semconv
-from llm_latency.late_spans import start_late
-from llm_latency.otel_internals import StartListeners, TracerParts
+from llm_latency.late_spans import LateSpan, start_late
+from llm_latency.otel_internals import StartListeners, TracerParts, set_clean_attributes
 from llm_latency.timeline import PHASE_NAMES
 
 try:  # the SDK is an extra, and the tracer in use may be another implementation's
@@ -49,29 +49,15 @@ _INTERNAL = SpanKind.INTERNAL
 _MAX_HOSTS = 256
 
 
-def _set_attributes(span: Span, attributes: dict[str, Any]) -> None:
-    span.set_attributes(attributes)
-
-
 class PhaseSpanWriter:
-    """Emits one finished phase span under a request span.
-
-    ``set_attributes(span, attributes)`` adds ``attributes`` to a recording span, as
-    ``span.set_attributes`` would; their values must be as the SDK keeps them: str, bool, int,
-    float, or tuples of those. On the direct path it is
-    :func:`~llm_latency.otel_internals.set_clean_attributes`.
-    """
-
-    set_attributes: Callable[[Span, dict[str, Any]], None]
+    """Emits one finished phase span under a request span."""
 
     def __init__(self, tracer: Tracer, *, fast_path: bool = True) -> None:
         self._tracer = tracer
         #: What the direct path reads of the SDK tracer (None: the public API).
         self._sdk: TracerParts | None = otel_internals.tracer_parts(tracer) if fast_path else None
+        self._scope = None if self._sdk is None else self._sdk.scope
         self._start_listeners = StartListeners(tracer)
-        self.set_attributes = (
-            _set_attributes if self._sdk is None else otel_internals.set_clean_attributes
-        )
         # host -> ``{llm_latency.phase, server.address}`` per phase, shared read-only by every
         # span and phase-duration measurement of that phase and host (span metrics and
         # dashboards filter phases by host).
@@ -124,8 +110,7 @@ class PhaseSpanWriter:
     ) -> None:
         """Hand a finished, successful phase span to the SDK's span processor (only with a
         context :meth:`fast_path` gave)."""
-        sdk: Any = self._sdk
-        tracer = sdk.tracer
+        tracer: Any = self._tracer
         context = SpanContext(
             parent.trace_id,
             tracer.id_generator.generate_span_id(),
@@ -133,7 +118,7 @@ class PhaseSpanWriter:
             parent.trace_flags,
             parent.trace_state,
         )
-        sdk.on_end(
+        tracer.span_processor.on_end(
             ReadableSpan(
                 name=semconv.PHASE_SPAN_NAMES[phase],
                 context=context,
@@ -143,9 +128,17 @@ class PhaseSpanWriter:
                 kind=_INTERNAL,
                 start_time=start_ns,
                 end_time=end_ns,
-                instrumentation_scope=sdk.scope,
+                instrumentation_scope=self._scope,
             )
         )
+
+    def set_attributes(self, span: Span, attributes: dict[str, Any]) -> None:
+        """Add ``attributes`` to a recording span, as ``span.set_attributes`` would. Their
+        values must be as the SDK keeps them: str, bool, int, float, or tuples of those."""
+        if type(span) is LateSpan or not self._sdk:
+            span.set_attributes(attributes)
+        else:
+            set_clean_attributes(span, attributes)
 
     def start(
         self, phase: int, attributes: Mapping[str, Any], context: Context, start_ns: int
