@@ -38,6 +38,7 @@ SERVER_HEADERS = {
     "http.response.header.x-ratelimit-remaining-requests": ["42"],
     "http.response.header.x-ratelimit-remaining-tokens": ["9000"],
     "http.response.header.x-request-id": ["req_test_123"],
+    "llm_latency.request_id": "req_test_123",
 }
 NEW_CONNECTION = phase_nodes("connect", "send", "wait", "receive")
 

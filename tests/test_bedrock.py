@@ -145,6 +145,16 @@ def the_call(
     assert call.parent is None
     assert call.kind is SpanKind.INTERNAL
     expected = {"llm_latency.sdk": "botocore", "llm_latency.attempts": attempts, **answer}
+    # The request id of its last attempt that carried one, as one string.
+    ids = [
+        attrs(span)["http.response.header.x-amzn-requestid"][0]
+        for span in sorted(telemetry.attempts(), key=lambda span: span.start_time or 0)
+        if span.parent is not None
+        and span.parent.span_id == call.context.span_id
+        and "http.response.header.x-amzn-requestid" in attrs(span)
+    ]
+    if ids:
+        expected["llm_latency.request_id"] = ids[-1]
     assert attrs(call) == expected
     return call
 
@@ -325,6 +335,7 @@ async def test_throttling_retries_grouped_under_the_call(
         "error.type": "429",
         "http.response.header.x-amzn-requestid": [IsStr()],
         "http.response.status_code": 429,
+        "llm_latency.request_id": IsStr(),
     }
     backoff = {"name": "retry.backoff", "kind": "INTERNAL",
                "attributes": {"llm_latency.backoff.reason": "429"}}  # fmt: skip
@@ -334,6 +345,7 @@ async def test_throttling_retries_grouped_under_the_call(
         "http.response.header.x-amzn-requestid": [response["ResponseMetadata"]["RequestId"]],
         "http.response.status_code": 200,
         "llm_latency.network_overhead": IsFloat(ge=0),
+        "llm_latency.request_id": response["ResponseMetadata"]["RequestId"],
         "llm_latency.server.processing_time": 0.042,
     }
     # The call, and under it the attempts (a new request id each) and botocore's waits.
@@ -341,7 +353,12 @@ async def test_throttling_retries_grouped_under_the_call(
         {
             "name": "bedrock-runtime Converse",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 3, "llm_latency.sdk": "botocore", **ANSWERED},
+            "attributes": {
+                "llm_latency.attempts": 3,
+                "llm_latency.request_id": response["ResponseMetadata"]["RequestId"],
+                "llm_latency.sdk": "botocore",
+                **ANSWERED,
+            },
             "children": [
                 attempt(0, throttled),
                 backoff,

@@ -63,6 +63,7 @@ SERVED = {
     "http.response.header.x-ratelimit-remaining-requests": ["42"],
     "http.response.header.x-ratelimit-remaining-tokens": ["9000"],
     "http.response.header.x-request-id": ["req_test_123"],
+    "llm_latency.request_id": "req_test_123",
     "llm_latency.network_overhead": IsFloat(ge=0),
 }
 

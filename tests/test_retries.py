@@ -104,6 +104,7 @@ SERVED = {
     "http.response.header.x-ratelimit-remaining-requests": ["42"],
     "http.response.header.x-ratelimit-remaining-tokens": ["9000"],
     "http.response.header.x-request-id": ["req_test_123"],
+    "llm_latency.request_id": "req_test_123",
     "llm_latency.network_overhead": IsFloat(ge=0),
     "llm_latency.server.processing_time": 0.0,
 }
@@ -162,9 +163,11 @@ def redirect_hops(server: LLMServer, lag: dict[str, Any] | None = None) -> list[
 #: What the provider's 429 adds to its attempt.
 PROVIDER_429 = {
     "http.response.header.request-id": ["req_429"],
+    "llm_latency.request_id": "req_429",
     "http.response.header.retry-after": ["1"],
     "http.response.header.retry-after-ms": ["150"],
     "http.response.header.x-request-id": ["req_429"],
+    "llm_latency.request_id": "req_429",
     "http.response.header.x-should-retry": ["true"],
 }
 #: What the provider's chat completion adds to its attempt.
@@ -176,6 +179,7 @@ PROVIDER_SERVED = {
     "http.response.header.x-ratelimit-remaining-tokens": ["5000"],
     "http.response.header.x-ratelimit-reset-requests": ["600ms"],
     "http.response.header.x-request-id": ["req_openai_1"],
+    "llm_latency.request_id": "req_openai_1",
     "llm_latency.network_overhead": IsFloat(ge=0),
     "llm_latency.server.processing_time": 0.05,
 }
@@ -233,6 +237,7 @@ async def test_openai_retries_grouped_under_one_parent(
             "attributes": {
                 **provider_tokens("m"),
                 "llm_latency.attempts": 3,
+                "llm_latency.request_id": "req_openai_1",
                 "llm_latency.sdk": "openai",
             },
             "children": [

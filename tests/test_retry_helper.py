@@ -58,7 +58,7 @@ async def test_helper_with_aiohttp_honours_retry_after(
         {
             "name": "test_helper_with_aiohttp_honours_retry_after.complete",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 3},
+            "attributes": {"llm_latency.attempts": 3, "llm_latency.request_id": "req_test_123"},
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
@@ -157,7 +157,7 @@ async def test_helper_with_httpx2_draws_jittered_waits(
         {
             "name": "test_helper_with_httpx2_draws_jittered_waits.complete",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 3},
+            "attributes": {"llm_latency.attempts": 3, "llm_latency.request_id": "req_test_123"},
             "children": [
                 {
                     "name": "GET /v1/chat/completions",
@@ -233,7 +233,7 @@ async def test_helper_with_requests_retries_a_reset_connection(
         {
             "name": "test_helper_with_requests_retries_a_reset_connection.complete",
             "kind": "INTERNAL",
-            "attributes": {"llm_latency.attempts": 2},
+            "attributes": {"llm_latency.attempts": 2, "llm_latency.request_id": "req_test_123"},
             "children": [
                 {
                     "name": "GET /v1/chat/completions",
@@ -305,7 +305,11 @@ async def test_non_retryable_error_raised_at_once(telemetry: Telemetry, server: 
         {
             "name": "test_non_retryable_error_raised_at_once.complete",
             "kind": "INTERNAL",
-            "attributes": {"error.type": "ClientResponseError", "llm_latency.attempts": 1},
+            "attributes": {
+                "error.type": "ClientResponseError",
+                "llm_latency.attempts": 1,
+                "llm_latency.request_id": "req_test_123",
+            },
             "children": [
                 {
                     "name": "GET /v1/chat/completions",

@@ -75,6 +75,7 @@ OPENAI_ANSWER = {
     "http.response.header.x-ratelimit-remaining-tokens": ["5000"],
     "http.response.header.x-ratelimit-reset-requests": ["600ms"],
     "http.response.header.x-request-id": ["req_openai_1"],
+    "llm_latency.request_id": "req_openai_1",
     "http.response.status_code": 200,
     "llm_latency.network_overhead": IsFloat(ge=0),
     "llm_latency.server.processing_time": WAIT,
@@ -83,6 +84,7 @@ OPENAI_ANSWER = {
 ANTHROPIC_ANSWER = {
     "http.response.header.anthropic-ratelimit-requests-remaining": ["49"],
     "http.response.header.request-id": ["req_anthropic_1"],
+    "llm_latency.request_id": "req_anthropic_1",
     "http.response.header.x-ratelimit-remaining-requests": ["49"],
     "http.response.status_code": 200,
 }
@@ -117,9 +119,11 @@ ANTHROPIC_STREAM_TOKENS = {
 RATE_LIMITED = {
     "error.type": "429",
     "http.response.header.request-id": ["req_429"],
+    "llm_latency.request_id": "req_429",
     "http.response.header.retry-after": ["1"],
     "http.response.header.retry-after-ms": ["150"],
     "http.response.header.x-request-id": ["req_429"],
+    "llm_latency.request_id": "req_429",
     "http.response.header.x-should-retry": ["true"],
     "http.response.status_code": 429,
 }
@@ -162,7 +166,12 @@ async def test_openai_chat_completion(
         {
             "name": "openai POST /chat/completions",
             "kind": "INTERNAL",
-            "attributes": {**OPENAI_TOKENS, "llm_latency.attempts": 1, "llm_latency.sdk": "openai"},
+            "attributes": {
+                **OPENAI_TOKENS,
+                "llm_latency.request_id": "req_openai_1",
+                "llm_latency.attempts": 1,
+                "llm_latency.sdk": "openai",
+            },
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
@@ -207,6 +216,7 @@ async def test_openai_streamed_completion(
             "attributes": {
                 **OPENAI_STREAM_TOKENS,
                 "llm_latency.attempts": 1,
+                "llm_latency.request_id": "req_openai_1",
                 "llm_latency.sdk": "openai",
             },
             "children": [
@@ -260,7 +270,12 @@ async def test_openai_retry_after_429(
         {
             "name": "openai POST /chat/completions",
             "kind": "INTERNAL",
-            "attributes": {**OPENAI_TOKENS, "llm_latency.attempts": 2, "llm_latency.sdk": "openai"},
+            "attributes": {
+                **OPENAI_TOKENS,
+                "llm_latency.request_id": "req_openai_1",
+                "llm_latency.attempts": 2,
+                "llm_latency.sdk": "openai",
+            },
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
@@ -269,9 +284,11 @@ async def test_openai_retry_after_429(
                         "error.type": "429",
                         "http.request.method": "POST",
                         "http.response.header.request-id": ["req_429"],
+                        "llm_latency.request_id": "req_429",
                         "http.response.header.retry-after": ["1"],
                         "http.response.header.retry-after-ms": ["150"],
                         "http.response.header.x-request-id": ["req_429"],
+                        "llm_latency.request_id": "req_429",
                         "http.response.header.x-should-retry": ["true"],
                         "http.response.status_code": 429,
                         "llm_latency.connection.reused": False,
@@ -307,6 +324,7 @@ async def test_openai_retry_after_429(
                         "http.response.header.x-ratelimit-remaining-tokens": ["5000"],
                         "http.response.header.x-ratelimit-reset-requests": ["600ms"],
                         "http.response.header.x-request-id": ["req_openai_1"],
+                        "llm_latency.request_id": "req_openai_1",
                         "http.response.status_code": 200,
                         "llm_latency.connection.reused": True,
                         **lag,
@@ -348,6 +366,7 @@ async def test_anthropic_messages(
             "attributes": {
                 **ANTHROPIC_TOKENS,
                 "llm_latency.attempts": 1,
+                "llm_latency.request_id": "req_anthropic_1",
                 "llm_latency.sdk": "anthropic",
             },
             "children": [
@@ -394,6 +413,7 @@ async def test_anthropic_streamed_message(
             "attributes": {
                 **ANTHROPIC_STREAM_TOKENS,
                 "llm_latency.attempts": 1,
+                "llm_latency.request_id": "req_anthropic_1",
                 "llm_latency.sdk": "anthropic",
             },
             "children": [
@@ -445,6 +465,7 @@ async def test_anthropic_retry_after_429(telemetry: Telemetry, provider: Provide
             "attributes": {
                 **ANTHROPIC_TOKENS,
                 "llm_latency.attempts": 3,
+                "llm_latency.request_id": "req_anthropic_1",
                 "llm_latency.sdk": "anthropic",
             },
             "children": [
@@ -509,7 +530,12 @@ async def test_openai_aiohttp_backend_one_span_per_attempt(
         {
             "name": "openai POST /chat/completions",
             "kind": "INTERNAL",
-            "attributes": {**OPENAI_TOKENS, "llm_latency.attempts": 2, "llm_latency.sdk": "openai"},
+            "attributes": {
+                **OPENAI_TOKENS,
+                "llm_latency.request_id": "req_openai_1",
+                "llm_latency.attempts": 2,
+                "llm_latency.sdk": "openai",
+            },
             "children": [
                 {
                     "name": "POST /v1/chat/completions",
