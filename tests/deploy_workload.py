@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import ssl
@@ -260,11 +261,21 @@ async def _stream_with_usage(session: Any, url: str) -> None:
 
 
 async def _round(
-    number: int, server: Any, mock: Any, nameserver: str, client_ssl: ssl.SSLContext
+    number: int,
+    server: Any,
+    mock: Any,
+    nameserver: str,
+    client_ssl: ssl.SSLContext,
+    waits: Path | None,
 ) -> None:
+    """One round (the module's docstring); with ``waits``, a line appended to that file per
+    streamed answer with usage: what the machine took from this process while it ran (s: its
+    threads' run-queue waits and the garbage collector's pauses), which a loaded machine adds to
+    the time per output token (tests/test_deploy_prometheus.py takes it out)."""
     import aiohttp
 
     import llm_latency
+    from tests.cpu_waits import collector_pauses, machine_waits
 
     resolver = aiohttp.AsyncResolver(nameservers=[nameserver])
     connector = aiohttp.TCPConnector(limit=1, resolver=resolver, ssl=client_ssl)
@@ -286,10 +297,14 @@ async def _round(
 
         await retried()
         # a streamed answer with usage: tokens, time per output token, time to first token
-        await _stream_with_usage(session, mock.url(host=WORKLOAD_HOST))
+        with machine_waits(os.getpid()) as waited, collector_pauses() as collected:
+            await _stream_with_usage(session, mock.url(host=WORKLOAD_HOST))
+        if waits is not None:
+            with waits.open("a", encoding="ascii") as file:
+                file.write(f"{waited.peers + collected.seconds:.6f}\n")
 
 
-async def _run(seconds: float, pause: float) -> int:
+async def _run(seconds: float, pause: float, waits: Path | None) -> int:
     import trustme
 
     from llm_latency.testing import Profile, running
@@ -309,7 +324,7 @@ async def _run(seconds: float, pause: float) -> int:
         async with llm_server(ssl_context=server_ssl) as server, running(profile) as mock:
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
-                await _round(rounds, server, mock, dns.nameserver, client_ssl)
+                await _round(rounds, server, mock, dns.nameserver, client_ssl, waits)
                 rounds += 1
                 await asyncio.sleep(pause)
     finally:
@@ -322,6 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="metrics port on 127.0.0.1 (0: any)")
     parser.add_argument("--seconds", type=float, default=120.0, help="stop after this long")
     parser.add_argument("--pause", type=float, default=0.2, help="seconds between rounds")
+    parser.add_argument(
+        "--waits", type=Path, help="append what the machine took from each streamed answer here"
+    )
     args = parser.parse_args(argv)
 
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -341,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     httpd, _ = start_http_server(args.port, addr="127.0.0.1")
     print(f"metrics http://127.0.0.1:{httpd.server_port}/metrics", flush=True)
     try:
-        rounds = asyncio.run(_run(args.seconds, args.pause))
+        rounds = asyncio.run(_run(args.seconds, args.pause, args.waits))
     finally:
         llm_latency.uninstrument()
         httpd.shutdown()
