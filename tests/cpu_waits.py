@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import glob
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def _waited_ns(pattern: str) -> int:
@@ -92,3 +93,95 @@ def collector_pauses() -> Iterator[Collected]:
         yield collected
     finally:
         gc.callbacks.remove(note)
+
+
+#: How often :func:`sampled_waits` reads the threads' counts (s).
+SAMPLE_EVERY = 0.02
+
+
+@dataclass
+class Sampled:
+    """The run-queue waits of every thread of some processes while a block ran, read every
+    :data:`SAMPLE_EVERY` s: a thread or a process that ended within the block counts what it
+    had waited at its last reading (the end of its life, at most one interval, is missed).
+    ``first`` and ``last``: each thread's count (ns) at its first and last reading, by (process,
+    thread) id; a thread first read after the block began started within it, from 0."""
+
+    first: dict[tuple[int, int], int] = field(default_factory=dict)
+    last: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: The thread that reads (its own waits are not the watched program's).
+    reader: int = 0
+
+    def of(self, pid: int) -> float:
+        """What the machine kept process ``pid``'s threads from a CPU, summed (s)."""
+        return sum(self.last[key] - self.first[key] for key in self.last if key[0] == pid) / 1e9
+
+    @property
+    def processes(self) -> dict[int, float]:
+        """Each process's summed wait (s), by id."""
+        return {pid: self.of(pid) for pid in sorted({pid for pid, _ in self.last})}
+
+    @property
+    def total(self) -> float:
+        """Every thread's wait, summed (s)."""
+        return sum(self.last[key] - self.first[key] for key in self.last) / 1e9
+
+    def read(self, pids: list[int], started: bool) -> None:
+        """One reading of every thread of ``pids``."""
+        for pid in pids:
+            for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+                thread = int(path.split("/")[4])
+                if thread == self.reader:
+                    continue
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    with open(path, encoding="ascii") as file:
+                        waited = int(file.read().split()[1])
+                    key = (pid, thread)
+                    self.first.setdefault(key, 0 if started else waited)
+                    self.last[key] = waited
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes whose parent, or an ancestor's parent, is ``pid``, now."""
+    parents: dict[int, int] = {}
+    for path in glob.glob("/proc/[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(path, encoding="ascii", errors="replace") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+            parents[int(path.split("/")[2])] = int(fields[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+@contextlib.contextmanager
+def sampled_waits(*pids: int, with_children: bool = False) -> Iterator[Sampled]:
+    """The run-queue waits of every thread of the processes ``pids`` (and of their descendants
+    at the start, ``with_children``) while the block runs, read in a thread of this process
+    every :data:`SAMPLE_EVERY` s (see :class:`Sampled`): for processes or threads that may end
+    before the block does, which :func:`machine_waits` reads only at both ends."""
+    watched = list(pids)
+    if with_children:
+        for pid in pids:
+            watched += descendants(pid)
+    sampled = Sampled()
+    sampled.read(watched, started=False)
+    done = threading.Event()
+
+    def sample() -> None:
+        sampled.reader = threading.get_native_id()
+        while not done.wait(SAMPLE_EVERY):
+            sampled.read(watched, started=True)
+
+    sampler = threading.Thread(target=sample, name="cpu-waits-sampler", daemon=True)
+    sampler.start()
+    try:
+        yield sampled
+    finally:
+        done.set()
+        sampler.join()
+        sampled.read(watched, started=True)

@@ -9,18 +9,17 @@ OTLP; the series it serves for Prometheus are the ones the alert rules and their
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
 
-import pytest
 import yaml
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,7 +33,9 @@ from llm_latency.cli.monitor_export import (
     probe_telemetry,
 )
 from llm_latency.testing.mock_server import Profile, running
-from tests.command_line import CLI, environment, mock_server, run_cli_process
+from tests.checks import TRIES
+from tests.command_line import CLI, Mock, environment, mock_server, run_cli_process
+from tests.cpu_waits import collector_pauses, machine_waits, sampled_waits
 from tests.otlp_receiver import OTLPReceiver
 from tests.servers import unused_port
 
@@ -142,13 +143,6 @@ def _rule_test_series() -> set[tuple[str, frozenset[str]]]:
     return shapes
 
 
-@pytest.fixture
-def receiver() -> Iterator[OTLPReceiver]:
-    received = OTLPReceiver()
-    yield received
-    received.stop()
-
-
 def _metric_sum(receiver: OTLPReceiver, name: str) -> float:
     total = 0.0
     for request in receiver.metric_requests:
@@ -160,53 +154,108 @@ def _metric_sum(receiver: OTLPReceiver, name: str) -> float:
     return total
 
 
-def test_sigterm_ends_within_an_interval_with_the_last_results_exported(
-    tmp_path: Path, receiver: OTLPReceiver
-) -> None:
-    every = 3.0
-    key = "sk-monitor-secret-0123456789"
+@dataclass
+class Stopped:
+    """A ``watch`` run stopped by SIGTERM right after it printed its first inference probe:
+    what it printed before and after the signal, what Prometheus scraped before it, what the
+    OTLP receiver got, how long the process took to end after the signal (s), and what the
+    machine took meanwhile (s): the run-queue waits of the watch process's threads and of the
+    mock server's (sampled: the threads end with the process), and of this process's, whose
+    thread is the receiver, and its garbage collector's pauses."""
+
+    lines: list[str]
+    out: str
+    err: str
+    returncode: int | None
+    scraped: str
+    receiver: OTLPReceiver
+    took: float
+    machine: float
+    why: str
+
+
+def watched_until_sigterm(path: Path, mock: Mock, key: str) -> Stopped:
+    """Run ``watch`` on the config ``path``, exporting to a new OTLP receiver and serving
+    Prometheus, and send it SIGTERM once it printed an inference probe."""
+    receiver = OTLPReceiver()
     port = unused_port()
-    with mock_server("--ttfb", "0.02", "--tokens", "2") as mock:
-        base = mock.url.rsplit("/v1/", 1)[0] + "/v1"
-        path = tmp_path / "endpoints.toml"
-        path.write_text(
-            f'[monitor]\nevery = "{every}s"\nmin_interval = "1s"\njitter = 0.05\n\n'
-            f'[[endpoint]]\nname = "local"\nurl = "{base}"\nprovider = "openai"\n'
-            f'api_key_env = "LLM_LATENCY_MONITOR_KEY"\nlabels = {{ region = "loopback" }}\n'
-        )
-        env = environment(
-            LLM_LATENCY_MONITOR_KEY=key,
-            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-            OTEL_METRIC_EXPORT_INTERVAL="600000",  # no periodic export: only the last one
-        )
-        process = subprocess.Popen([*CLI, "watch", str(path), "--prometheus", f"127.0.0.1:{port}"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
-        try:
-            assert process.stdout is not None
-            lines: list[str] = []
-            while sum(" inference " in line for line in lines) < 1 or len(lines) < 6:
-                line = process.stdout.readline()
-                assert line, process.stderr.read() if process.stderr else ""
-                lines.append(line)
-            with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-                scraped = response.read().decode()
-            # right after a probe printed: the next one is an interval away
+    env = environment(
+        LLM_LATENCY_MONITOR_KEY=key,
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_METRIC_EXPORT_INTERVAL="600000",  # no periodic export: only the last one
+    )
+    process = subprocess.Popen([*CLI, "watch", str(path), "--prometheus", f"127.0.0.1:{port}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        while sum(" inference " in line for line in lines) < 1 or len(lines) < 6:
+            line = process.stdout.readline()
+            assert line, process.stderr.read() if process.stderr else ""
+            lines.append(line)
+        with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            scraped = response.read().decode()
+        # right after a probe printed: the next one is an interval away
+        with (
+            sampled_waits(process.pid, mock.process.pid) as sampled,
+            machine_waits(os.getpid()) as waited,
+            collector_pauses() as collected,
+        ):
             process.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             out, err = process.communicate(timeout=60)
             took = time.monotonic() - signalled
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    assert process.returncode == 0, err
-    assert took < every, took
-    lines += out.splitlines(keepends=True)
+    finally:
+        receiver.stop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    machine = sampled.total + waited.peers + collected.seconds
+    why = (
+        f"the machine kept the watch process and the mock server from a CPU for "
+        f"{sampled.of(process.pid):.3f} s and {sampled.of(mock.process.pid):.3f} s, and this "
+        f"process (the receiver) for {waited.peers:.3f} s; its garbage collector ran "
+        f"{collected.seconds:.3f} s"
+    )
+    return Stopped(lines, out, err, process.returncode, scraped, receiver, took, machine, why)
+
+
+def test_sigterm_ends_within_an_interval_with_the_last_results_exported(tmp_path: Path) -> None:
+    """SIGTERM right after a probe printed ends the process well before the next probe is
+    due, with the last results exported. What the process does after the signal (up to
+    STOP_GRACE for the probes in flight, the last export, the interpreter's exit) is work a
+    loaded machine delays: a run that ends late by no more than the machine measurably took
+    from it (:class:`Stopped`) runs again, up to TRIES times; any other late end fails at once
+    (the monitor waited for its next probe)."""
+    # The next probe is due an interval less its jitter (28.5 s) after the last one began, at
+    # the earliest: a monitor that waits for it ends more than half an interval after the
+    # signal, where the work above took 1.9 to 2.5 s beside two CPU burners (load 12; the watch
+    # process waited 1.2 to 2.0 s of it for a CPU) and 3.6 to 3.9 s at load 16 to 17 (an
+    # interval of 3 s, less the 2 s grace, left 1 s for the last export and the exit).
+    every, jitter = 30.0, 0.05
+    bound = every / 2
+    key = "sk-monitor-secret-0123456789"
+    with mock_server("--ttfb", "0.02", "--tokens", "2") as mock:
+        base = mock.url.rsplit("/v1/", 1)[0] + "/v1"
+        path = tmp_path / "endpoints.toml"
+        path.write_text(
+            f'[monitor]\nevery = "{every}s"\nmin_interval = "1s"\njitter = {jitter}\n\n'
+            f'[[endpoint]]\nname = "local"\nurl = "{base}"\nprovider = "openai"\n'
+            f'api_key_env = "LLM_LATENCY_MONITOR_KEY"\nlabels = {{ region = "loopback" }}\n'
+        )
+        for _ in range(TRIES):
+            stopped = watched_until_sigterm(path, mock, key)
+            if stopped.took < bound or stopped.took - bound > stopped.machine:
+                break
+    assert stopped.returncode == 0, stopped.err
+    assert stopped.took < bound, f"{stopped.took:.3f} s; {stopped.why}"
+    lines = stopped.lines + stopped.out.splitlines(keepends=True)
     assert lines[-1].strip() == "llm-latency watch: stopped"
     printed = [line for line in lines if "  local  " in line]
     assert all(" 200 " in line for line in printed), printed
-    assert "estimated calls per day: 28800 edge (no tokens), 28800 inference" in "".join(lines)
-    assert key not in "".join(lines) + err + scraped
+    assert "estimated calls per day: 2880 edge (no tokens), 2880 inference" in "".join(lines)
+    assert key not in "".join(lines) + stopped.err + stopped.scraped
+    receiver = stopped.receiver
 
     # the last results exported: every probe printed is a span and a count in the export
     probe_spans = [s for s in receiver.spans if s.name.startswith("probe local ")]
@@ -218,7 +267,7 @@ def test_sigterm_ends_within_an_interval_with_the_last_results_exported(
 
     # what Prometheus scrapes has the names and labels the rule tests' series use
     served: dict[str, set[frozenset[str]]] = {}
-    for family in text_string_to_metric_families(scraped):
+    for family in text_string_to_metric_families(stopped.scraped):
         for sample in family.samples:
             served.setdefault(sample.name, set()).add(frozenset(sample.labels))
     for name, labels in _rule_test_series():
