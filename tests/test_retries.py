@@ -167,7 +167,6 @@ PROVIDER_429 = {
     "http.response.header.retry-after": ["1"],
     "http.response.header.retry-after-ms": ["150"],
     "http.response.header.x-request-id": ["req_429"],
-    "llm_latency.request_id": "req_429",
     "http.response.header.x-should-retry": ["true"],
 }
 #: What the provider's chat completion adds to its attempt.

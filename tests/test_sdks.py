@@ -123,7 +123,6 @@ RATE_LIMITED = {
     "http.response.header.retry-after": ["1"],
     "http.response.header.retry-after-ms": ["150"],
     "http.response.header.x-request-id": ["req_429"],
-    "llm_latency.request_id": "req_429",
     "http.response.header.x-should-retry": ["true"],
     "http.response.status_code": 429,
 }
@@ -288,7 +287,6 @@ async def test_openai_retry_after_429(
                         "http.response.header.retry-after": ["1"],
                         "http.response.header.retry-after-ms": ["150"],
                         "http.response.header.x-request-id": ["req_429"],
-                        "llm_latency.request_id": "req_429",
                         "http.response.header.x-should-retry": ["true"],
                         "http.response.status_code": 429,
                         "llm_latency.connection.reused": False,
