@@ -139,7 +139,8 @@ async def test_anthropic_stream_takes_the_last_cumulative_usage(
     # message_start says 1 output token, message_delta the cumulative 8: 8, never 9.
     assert found["gen_ai.usage.input_tokens"] == PROMPT_TOKENS
     assert found["gen_ai.usage.output_tokens"] == MAX_TOKENS
-    assert found["gen_ai.usage.cache_read.input_tokens"] == 0
+    # The stream's cache reads are 0: left out, as a count that says nothing
+    assert "gen_ai.usage.cache_read.input_tokens" not in found
     assert found["gen_ai.provider.name"] == "anthropic"
     assert_times_agree(request, arrivals, MAX_TOKENS)
 
