@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 import llm_latency
+from llm_latency.facts import RATE_DIGITS
 from tests.attributes import float_attr, longest_gap_seen
 from tests.checks import EARLY, SLACK
 from tests.command_line import mock_server, run_cli
@@ -35,7 +36,8 @@ async def test_the_request_span_carries_the_rhythm(telemetry: Telemetry, server:
     span = telemetry.request()
     mean = float_attr(span, "llm_latency.stream.mean_interval")
     rate = float_attr(span, "llm_latency.stream.chunk_rate")
-    assert mean * rate == pytest.approx(1.0)
+    # the rate is the mean's inverse, rounded to RATE_DIGITS decimals
+    assert rate == pytest.approx(1 / mean, abs=0.5 * 10**-RATE_DIGITS)
     # CHUNKS events over CHUNKS - 1 injected gaps, read in CHUNKS to CHUNKS + 1 reads (the
     # [DONE] event may come in a read of its own); reads that coalesce make the mean longer
     assert (CHUNKS - 1) * GAP / CHUNKS - EARLY <= mean <= GAP + SLACK
