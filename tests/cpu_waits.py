@@ -101,9 +101,9 @@ SAMPLE_EVERY = 0.02
 
 @dataclass
 class Sampled:
-    """The run-queue waits of every thread of some processes while a block ran, read every
-    :data:`SAMPLE_EVERY` s: a thread or a process that ended within the block counts what it
-    had waited at its last reading (the end of its life, at most one interval, is missed).
+    """The run-queue waits of every thread of some processes while a block ran, read every so
+    often: a thread or a process that ended within the block counts what it had waited at its
+    last reading (the end of its life, at most one interval, is missed).
     ``first`` and ``last``: each thread's count (ns) at its first and last reading, by (process,
     thread) id; a thread first read after the block began started within it, from 0."""
 
@@ -159,11 +159,15 @@ def descendants(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def sampled_waits(*pids: int, with_children: bool = False) -> Iterator[Sampled]:
+def sampled_waits(
+    *pids: int, with_children: bool = False, every: float = SAMPLE_EVERY
+) -> Iterator[Sampled]:
     """The run-queue waits of every thread of the processes ``pids`` (and of their descendants
     at the start, ``with_children``) while the block runs, read in a thread of this process
-    every :data:`SAMPLE_EVERY` s (see :class:`Sampled`): for processes or threads that may end
-    before the block does, which :func:`machine_waits` reads only at both ends."""
+    every ``every`` s (see :class:`Sampled`): for processes or threads that may end before the
+    block does, which :func:`machine_waits` reads only at both ends. Reading this process's
+    own threads, read less often: each reading holds the GIL a little, and a reader kept from
+    a CPU while it holds it holds the program's threads back."""
     watched = list(pids)
     if with_children:
         for pid in pids:
@@ -174,7 +178,7 @@ def sampled_waits(*pids: int, with_children: bool = False) -> Iterator[Sampled]:
 
     def sample() -> None:
         sampled.reader = threading.get_native_id()
-        while not done.wait(SAMPLE_EVERY):
+        while not done.wait(every):
             sampled.read(watched, started=True)
 
     sampler = threading.Thread(target=sample, name="cpu-waits-sampler", daemon=True)
