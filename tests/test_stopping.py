@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from llm_latency.lifecycle import EXIT_BUDGET_S
+from tests.checks import TRIES
+from tests.cpu_waits import sampled_waits
 from tests.otlp_receiver import OTLPReceiver
 from tests.servers import LLMServer, unused_port
 
@@ -54,9 +56,32 @@ class Stopped:
     returncode: int
     stdout: str
     stderr: str
+    #: Seconds the machine held the stop: the run-queue waits of the process's threads, and
+    #: those of its child that waited longest (the children stop side by side).
+    machine: float = 0.0
 
     def warnings(self) -> list[str]:
         return [line for line in self.stderr.splitlines() if WARNING in line]
+
+
+def compared(down: Stopped, up: Stopped) -> str:
+    """The two stops, in words."""
+    return (
+        f"{down.stop:.3f} s with the collector down against {up.stop:.3f} s; the machine held "
+        f"them {down.machine:.3f} s and {up.machine:.3f} s"
+    )
+
+
+def held_longer(down: Stopped, up: Stopped, most: float) -> bool:
+    """Whether the stop with the collector down took longer than the one with it up by more
+    than ``most`` s, by no more than the machine held it longer: the end of a process (the
+    exit budget's export attempts, the interpreter's exit) is work a loaded machine delays
+    (beside ten CPU burners, gunicorn's master waited 3.2 s for a CPU and its workers 4.0 to
+    4.3 s each in a stop of 7.8 s), and such a run says nothing of the budget. The run with
+    the collector down then runs again, up to TRIES times; a stop later than that fails at
+    once."""
+    beyond = down.stop - up.stop - most
+    return 0 < beyond <= down.machine - up.machine
 
 
 def get(url: str, deadline: float) -> None:
@@ -92,11 +117,16 @@ def serve_and_stop(
 
 
 def terminate(process: subprocess.Popen[str]) -> Stopped:
-    """SIGTERM, then what the process printed and how long it took to end."""
-    process.send_signal(signal.SIGTERM)
-    sent = time.monotonic()
-    stdout, stderr = process.communicate(timeout=60)
-    return Stopped(time.monotonic() - sent, process.returncode, stdout, stderr)
+    """SIGTERM, then what the process printed, how long it took to end and how long the
+    machine held it (:attr:`Stopped.machine`, sampled: the processes end)."""
+    with sampled_waits(process.pid, with_children=True) as waited:
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        stdout, stderr = process.communicate(timeout=60)
+        took = time.monotonic() - sent
+    children = [wait for pid, wait in waited.processes.items() if pid != process.pid]
+    machine = waited.of(process.pid) + max(children, default=0.0)
+    return Stopped(took, process.returncode, stdout, stderr, machine)
 
 
 def server_command(kind: str, port: int) -> list[str]:
@@ -153,10 +183,13 @@ async def test_a_service_stopped_by_sigterm_exports_every_request(
     assert receiver.duration_count == REQUESTS
     assert up.stop < 10, up.stop  # graceful: no worker waited out a timeout
 
-    down = await run_service(kind, f"http://127.0.0.1:{unused_port()}", server.url())
-    assert 1 <= len(down.warnings()) <= WORKERS[kind], down.stderr
     # The exporters retry for 10 s when nothing bounds them; llm-latency gives them a second.
-    assert down.stop - up.stop < 2.5, (down.stop, up.stop)
+    for _ in range(TRIES):
+        down = await run_service(kind, f"http://127.0.0.1:{unused_port()}", server.url())
+        if not held_longer(down, up, 2.5):
+            break
+    assert 1 <= len(down.warnings()) <= WORKERS[kind], down.stderr
+    assert down.stop - up.stop < 2.5, compared(down, up)
 
 
 async def test_a_preloaded_master_exports_its_own_and_workers_only_theirs(
@@ -245,10 +278,14 @@ async def test_a_plain_program_stopped_by_sigterm_exports_and_still_dies_of_it(
     assert len(receiver.request_spans) == REQUESTS
     assert receiver.duration_count == REQUESTS
 
-    down = await asyncio.to_thread(run_plain, f"http://127.0.0.1:{unused_port()}", server.url())
+    for _ in range(TRIES):
+        down_endpoint = f"http://127.0.0.1:{unused_port()}"
+        down = await asyncio.to_thread(run_plain, down_endpoint, server.url())
+        if not held_longer(down, up, 2.0):
+            break
     assert down.returncode == -signal.SIGTERM
     assert len(down.warnings()) == 1, down.stderr
-    assert down.stop - up.stop < 2.0, (down.stop, up.stop)
+    assert down.stop - up.stop < 2.0, compared(down, up)
 
 
 @contextlib.contextmanager
@@ -298,10 +335,7 @@ def celery_run(
         while len(server.requests) < seen + n:
             assert time.monotonic() < deadline, "the tasks did not run"
             time.sleep(0.05)
-        worker.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        stdout, stderr = worker.communicate(timeout=60)
-        return Stopped(time.monotonic() - sent, worker.returncode, stdout, stderr)
+        return terminate(worker)
     finally:
         client.close()
         if worker.poll() is None:
@@ -314,8 +348,11 @@ async def test_celery_prefork_children_export_every_task(server: LLMServer) -> N
     try:
         with redis_server() as broker:
             up = await asyncio.to_thread(celery_run, broker, receiver.endpoint, server)
-            down_endpoint = f"http://127.0.0.1:{unused_port()}"
-            down = await asyncio.to_thread(celery_run, broker, down_endpoint, server)
+            for _ in range(TRIES):
+                down_endpoint = f"http://127.0.0.1:{unused_port()}"
+                down = await asyncio.to_thread(celery_run, broker, down_endpoint, server)
+                if not held_longer(down, up, 2.5):
+                    break
     finally:
         receiver.stop()
     assert up.warnings() == [], up.stderr
@@ -323,4 +360,4 @@ async def test_celery_prefork_children_export_every_task(server: LLMServer) -> N
     assert receiver.duplicated_spans() == []
     assert receiver.duration_count == REQUESTS
     assert 1 <= len(down.warnings()) <= 2, down.stderr
-    assert down.stop - up.stop < 2.5, (down.stop, up.stop)
+    assert down.stop - up.stop < 2.5, compared(down, up)
