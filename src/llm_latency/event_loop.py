@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import weakref
 
-from llm_latency.lag_monitor import LATE_NS as LATE_NS  # as emitter.py imports it, from here
 from llm_latency.lag_monitor import LoopLagMonitor
 from llm_latency.live_state import register
 
