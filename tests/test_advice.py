@@ -227,35 +227,35 @@ def test_the_pool_s_saving_pays_for_the_connections_it_adds() -> None:
 # -- each client's API ---------------------------------------------------------------------------
 
 
-def _fresh(client: str, name: str = "POST") -> Call:
+def _fresh(client: str, sdk: str | None = None) -> Call:
     attempt = Attempt(0, 0.1, (Phase("connect", 0.0, 0.05), Phase("wait", 0.05, 0.05)),
                       host="h", method="POST", status=200, reused=False, client=client)  # fmt: skip
-    return Call(name, 0, 0.1, [attempt])
+    return Call("POST" if sdk is None else f"{sdk} chat.completions", 0, 0.1, [attempt], sdk=sdk)
 
 
 @pytest.mark.parametrize(
-    ("client", "name", "reuse", "pool"),
+    ("client", "sdk", "reuse", "pool"),
     [
-        ("aiohttp", "POST", "aiohttp.ClientSession()",
+        ("aiohttp", None, "aiohttp.ClientSession()",
          "aiohttp.TCPConnector(limit=9, limit_per_host=4)"),
-        ("httpx", "POST", "httpx.Client()",
+        ("httpx", None, "httpx.Client()",
          "httpx.Limits(max_connections=9, max_keepalive_connections=9)"),
-        ("httpx2", "POST", "httpx2.Client()",
+        ("httpx2", None, "httpx2.Client()",
          "httpx2.Limits(max_connections=9, max_keepalive_connections=9)"),
-        ("urllib3", "POST", "requests.Session()",
+        ("urllib3", None, "requests.Session()",
          "requests.adapters.HTTPAdapter(pool_maxsize=4)"),
-        ("httpx", "openai POST /chat/completions", "openai.OpenAI()",
+        ("httpx", "openai", "openai.OpenAI()",
          "httpx.Limits(max_connections=9, max_keepalive_connections=9)"),
     ],
 )  # fmt: skip
 def test_each_fix_names_the_api_of_the_client_in_use(
-    client: str, name: str, reuse: str, pool: str
+    client: str, sdk: str | None, reuse: str, pool: str
 ) -> None:
     """The client a fix names is the one the attempts came from (``llm_latency.client``), or
     the SDK whose span opened the calls; a pool of 4 per host and 9 in all."""
     from llm_latency.diagnosis.advice import pool_fix, reuse_fix
 
-    calls = [_fresh(client, name)]
+    calls = [_fresh(client, sdk)]
     change = reuse_fix(calls, calls[0].attempts)
     assert change is not None and change.call() == reuse
     sized = pool_fix(calls[0].attempts, 4, 9)

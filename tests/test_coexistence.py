@@ -167,6 +167,6 @@ def test_beside_openllmetry_anthropic_the_call_is_still_grouped() -> None:
     call span groups the attempts and the backoff, as without that instrumentation."""
     spans = openllmetry_spans("anthropic")
     other = theirs(spans, "anthropic")
-    (ours,) = [s for s in spans if s["name"] == "anthropic POST /v1/messages"]
+    (ours,) = [s for s in spans if s["name"] == "anthropic messages"]
     assert ours["parent_id"] != other["span_id"]
     assert below(spans, ours) == attempt_backoff_attempt("/v1/messages")

@@ -99,7 +99,7 @@ def test_the_variable_prints_each_call_of_a_real_program() -> None:
     """llm_latency.instrument() sets the SDK up from OTEL_*, and honours the entry point."""
     with mock_server("--rate-limit-every", "2", "--ttfb", "0.05", "--tokens", "1") as mock:
         result = run_app(mock.url.removesuffix("/chat/completions"))
-    check_rate_limited_run(result, "openai POST /chat/completions")
+    check_rate_limited_run(result, "openai chat.completions")
 
 
 def seconds(text: str) -> float:
@@ -218,7 +218,7 @@ async def test_a_call_split_over_exports_is_printed_once(
     telemetry.tracer_provider.force_flush()
     (block,) = blocks(out.getvalue())
     assert [re.split(r"\s{2,}", line.strip())[0] for line in block[:11]] == [
-        "openai POST /chat/completions",
+        "openai chat.completions",
         "POST /v1/chat/completions", "http.connect", "http.send", "http.wait", "http.receive",
         "retry.backoff",
         "POST /v1/chat/completions", "http.send", "http.wait", "http.receive",

@@ -144,7 +144,7 @@ async def test_explain_a_rate_limited_openai_call(
     assert output.startswith(f"trace {trace_id}: 1 call\n")
     names = [(name, facts) for name, _, _, facts in rows(output)]
     assert [name for name, _ in names] == [
-        "openai POST /chat/completions",
+        "openai chat.completions",
         "  POST /v1/chat/completions",
         "    http.connect",
         "    http.send",

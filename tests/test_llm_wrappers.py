@@ -404,7 +404,7 @@ async def test_langchain_invoke_with_max_retries(
 
     assert (await compare(telemetry, scenario)).kind is None
     (parent,) = named(telemetry, "openai ")
-    assert parent.name == "openai POST /chat/completions"
+    assert parent.name == "openai chat.completions"
     attempts = assert_grouped_retries(telemetry, parent, [429, 200])
     for attempt in attempts:
         assert attempt.name == "POST /v1/chat/completions"

@@ -73,6 +73,6 @@ def test_the_wheel_in_a_fresh_environment_runs_the_quick_start(tmp_path: Path) -
         )  # fmt: skip
     assert where.startswith(own), where  # the wheel's, not the checkout's
     assert run.returncode == 0, run.stderr
-    assert run.stderr.count("openai POST /chat/completions") == 2, run.stderr
+    assert run.stderr.count("openai chat.completions") == 2, run.stderr
     assert "retry.backoff" in run.stderr and "resend_count=1" in run.stderr
     assert all(len(line) <= 100 for line in run.stderr.splitlines()), run.stderr

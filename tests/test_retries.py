@@ -231,7 +231,7 @@ async def test_openai_retries_grouped_under_one_parent(
     limited = {**PROVIDER_429, "error.type": "429", "http.response.status_code": 429}
     assert span_tree(telemetry.spans()) == [
         {
-            "name": "openai POST /chat/completions",
+            "name": "openai chat.completions",
             "kind": "INTERNAL",
             "attributes": {
                 **provider_tokens("m"),
@@ -296,8 +296,8 @@ async def test_openai_retries_grouped_under_one_parent(
             ],
         }
     ]
-    assert by_name(telemetry, "openai POST /chat/completions").parent is None
-    for wait in assert_one_after_another(telemetry, "openai POST /chat/completions"):
+    assert by_name(telemetry, "openai chat.completions").parent is None
+    for wait in assert_one_after_another(telemetry, "openai chat.completions"):
         assert seconds(wait) >= 0.15 - 0.005
 
 

@@ -163,7 +163,7 @@ async def test_openai_chat_completion(
     # One attempt, no resend, with the provider's facts from its headers.
     assert span_tree(telemetry.spans()) == [
         {
-            "name": "openai POST /chat/completions",
+            "name": "openai chat.completions",
             "kind": "INTERNAL",
             "attributes": {
                 **OPENAI_TOKENS,
@@ -210,7 +210,7 @@ async def test_openai_streamed_completion(
     assert tokens == TOKENS
     assert span_tree(telemetry.spans()) == [
         {
-            "name": "openai POST /chat/completions",
+            "name": "openai chat.completions",
             "kind": "INTERNAL",
             "attributes": {
                 **OPENAI_STREAM_TOKENS,
@@ -267,7 +267,7 @@ async def test_openai_retry_after_429(
     lag = {"llm_latency.event_loop.lag": IsFloat()} if is_async else {}
     assert tree == [
         {
-            "name": "openai POST /chat/completions",
+            "name": "openai chat.completions",
             "kind": "INTERNAL",
             "attributes": {
                 **OPENAI_TOKENS,
@@ -359,7 +359,7 @@ async def test_anthropic_messages(
     assert message.content[0].text == "".join(TOKENS)
     assert span_tree(telemetry.spans()) == [
         {
-            "name": "anthropic POST /v1/messages",
+            "name": "anthropic messages",
             "kind": "INTERNAL",
             "attributes": {
                 **ANTHROPIC_TOKENS,
@@ -406,7 +406,7 @@ async def test_anthropic_streamed_message(
     assert await call(is_async, consume) == "".join(TOKENS)
     assert span_tree(telemetry.spans()) == [
         {
-            "name": "anthropic POST /v1/messages",
+            "name": "anthropic messages",
             "kind": "INTERNAL",
             "attributes": {
                 **ANTHROPIC_STREAM_TOKENS,
@@ -458,7 +458,7 @@ async def test_anthropic_retry_after_429(telemetry: Telemetry, provider: Provide
     lag = event_loop_lag(True)
     assert span_tree(telemetry.spans()) == [
         {
-            "name": "anthropic POST /v1/messages",
+            "name": "anthropic messages",
             "kind": "INTERNAL",
             "attributes": {
                 **ANTHROPIC_TOKENS,
@@ -526,7 +526,7 @@ async def test_openai_aiohttp_backend_one_span_per_attempt(
     lag = event_loop_lag(True)
     assert span_tree(telemetry.spans()) == [
         {
-            "name": "openai POST /chat/completions",
+            "name": "openai chat.completions",
             "kind": "INTERNAL",
             "attributes": {
                 **OPENAI_TOKENS,
@@ -595,6 +595,25 @@ async def test_instrument_imports_nothing_and_hooks_sdks_when_imported(
     assert process.returncode == 0, err.decode()
     assert out.decode().splitlines() == [
         "OK imported by instrument(): []",
-        "OK openai POST /chat/completions > POST /v1/chat/completions",
+        "OK openai chat.completions > POST /v1/chat/completions",
         "OK anthropic hooked after uninstrument(): False",
     ]
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/chat/completions", "chat.completions"),  # openai: the base URL holds /v1
+        ("/v1/messages/count_tokens", "messages.count_tokens"),
+        ("/openai/v1/chat/completions", "chat.completions"),  # groq: before the version goes
+        ("/v1beta/models/{model}:streamGenerateContent", "models.streamGenerateContent"),
+        ("/v1/models/gemini-2.0-flash:generateContent?alt=sse", "models.generateContent"),
+        ("/v1/responses/resp_68a1c2/cancel", "responses.cancel"),  # ids make no names
+    ],
+)
+def test_a_call_span_is_named_after_the_resource_not_the_route(path: str, name: str) -> None:
+    """A call's span reads as the SDK call (``openai chat.completions``), never as one of its
+    attempts (``POST /v1/chat/completions``), and ids in the path add no names."""
+    from llm_latency.adapters.sdks import resource
+
+    assert resource(path) == name

@@ -99,7 +99,7 @@ async def test_openai_stream(
     assert len(arrivals) == MAX_TOKENS
     (request,) = telemetry.requests()
     found = attrs(request)
-    (call,) = [s for s in telemetry.spans() if s.name == "openai POST /chat/completions"]
+    (call,) = [s for s in telemetry.spans() if s.name == "openai chat.completions"]
     if include_usage:
         assert (usage.prompt_tokens, usage.completion_tokens) == (PROMPT_TOKENS, MAX_TOKENS)
         for span in (request, call):

@@ -4,7 +4,7 @@
 Each line is a span of the call: its name (indented by depth), its start as an offset from the
 first call's start, ``+`` its duration, then its facts::
 
-    openai POST /chat/completions         0 µs +  232 ms  attempts=2
+    openai chat.completions               0 µs +  232 ms  attempts=2
       POST /v1/chat/completions           0 µs + 21.8 ms  status_code=429 connection=new ...
         http.connect                   14.3 ms +  5.3 ms
         ...

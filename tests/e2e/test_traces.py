@@ -111,7 +111,7 @@ def test_the_traces_have_the_calls_phases_retries_and_failures(
     spans = finished.calls[protocol].spans()
     names = Counter(span["name"] for span in spans)
     # five SDK calls (three plain, a stream, a retried one): six attempts, one backoff
-    assert names["openai POST /chat/completions"] == 5
+    assert names["openai chat.completions"] == 5
     assert names["retry.backoff"] == 1
     # the six attempts, two fresh requests, the burst of six, the refused request
     assert names["POST /v1/chat/completions"] == 6 + 2 + 6 + 1

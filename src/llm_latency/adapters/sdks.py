@@ -27,6 +27,7 @@ around the entering.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -112,12 +113,36 @@ def _cohere(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str]:
     return str(kwargs.get("method", "")), "/" + path.lstrip("/")
 
 
+#: A path segment that is an API version (``v1``, ``v1beta``, ``v2alpha1``).
+_VERSION = re.compile(r"v\d+(?:alpha|beta)?\d*")
+
+
+def resource(path: str) -> str:
+    """The API resource a path names, as the SDK's own attribute path reads it:
+    ``/v1/chat/completions`` -> ``chat.completions``, ``/v1beta/models/{model}:generateContent``
+    -> ``models.generateContent``; what comes before the last version segment (Groq's
+    ``/openai``), placeholders and ids (any word with a digit: ``resp_68a1``, ``gpt-4o``) go,
+    so that names stay few. Not the HTTP route, so that a call's span is not
+    mistaken for its attempts' (``POST /v1/chat/completions``)."""
+    segments = path.split("?", 1)[0].split("/")
+    versions = [i for i, segment in enumerate(segments) if _VERSION.fullmatch(segment)]
+    if versions:
+        segments = segments[versions[-1] + 1 :]
+    words = []
+    for segment in segments:
+        for part in segment.split(":"):
+            if part and not part.startswith("{") and not any(c.isdigit() for c in part):
+                words.append(part)
+    return ".".join(words)
+
+
 def _http_call(describe: Describe) -> Name:
-    """Names a call ``{sdk} {METHOD} {path}``."""
+    """Names a call ``{sdk} {resource}`` (:func:`resource`), and ``{sdk} {METHOD} {path}``
+    when the path names none."""
 
     def name(sdk: str, _client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         method, path = describe(args, kwargs)
-        return f"{sdk} {method.upper()} {path}".strip()
+        return f"{sdk} {resource(path) or f'{method.upper()} {path}'}".strip()
 
     return name
 

@@ -38,8 +38,8 @@ CLIENTS: Final = {
     "anthropic": ("anthropic", "anthropic.Anthropic", "(anthropic.AsyncAnthropic in async code)"),
 }
 
-#: The SDKs whose calls llm-latency names after them (``openai POST /chat/completions``): their
-#: client holds the HTTP client and its pool.
+#: The SDKs whose calls llm-latency opens a span for (``openai chat.completions``, with
+#: ``llm_latency.sdk``): their client holds the HTTP client and its pool.
 SDKS: Final = ("openai", "anthropic")
 
 #: aiohttp's ``ttl_dns_cache`` when the program does not set it (s).
@@ -53,9 +53,10 @@ def client_of(attempts: Iterable[Attempt]) -> str | None:
 
 
 def sdk_of(calls: Sequence[Call]) -> str | None:
-    """The SDK every one of the calls was made through, when llm-latency named them after it."""
+    """The SDK every one of the calls was made through, when llm-latency opened their spans
+    (their ``llm_latency.sdk``)."""
     for sdk in SDKS:
-        if calls and all(call.name.startswith(f"{sdk} ") for call in calls):
+        if calls and all(call.sdk == sdk for call in calls):
             return sdk
     return None
 

@@ -130,7 +130,15 @@ def is_http_client_span(span: SpanRecord) -> bool:
 
 def _new_call(attempt: Attempt, parent: SpanRecord | None) -> Call:
     name = parent.name if parent is not None else attempt.method or "request"
-    return Call(name, attempt.start_ns, 0.0, [attempt], trace_id=attempt.trace_id)
+    sdk = parent.attributes.get(semconv.SDK) if parent is not None else None
+    return Call(
+        name,
+        attempt.start_ns,
+        0.0,
+        [attempt],
+        trace_id=attempt.trace_id,
+        sdk=sdk if isinstance(sdk, str) else None,
+    )
 
 
 def _close(call: Call) -> None:

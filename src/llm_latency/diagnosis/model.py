@@ -190,6 +190,9 @@ class Call:
     attempts: list[Attempt]
     backoffs: list[Backoff] = field(default_factory=list)
     trace_id: str = ""
+    #: The SDK whose call this is (``llm_latency.sdk`` on the call span), when llm-latency
+    #: opened it.
+    sdk: str | None = None
 
     @property
     def backoff_time(self) -> float:
