@@ -63,6 +63,10 @@ class Workload:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def stream_marks(self) -> dict[str, Any]:
+        """``calls`` mode: the stream's times as the program saw them (``scripted_calls``)."""
+        return dict(json.loads(self.record.with_suffix(".stream.json").read_text()))
+
 
 def start_workload(
     directory: Path,
@@ -79,6 +83,8 @@ def start_workload(
     command = [sys.executable, "-m", "tests.e2e.workload", mode]
     if env is None:
         command += ["--service", service, "--endpoint", endpoint, "--record", str(record)]
+        if mode == "calls":
+            command += ["--stream-marks", str(record.with_suffix(".stream.json"))]
     with log.open("wb") as out:
         process = subprocess.Popen(
             [*command, *args],

@@ -344,3 +344,57 @@ def test_no_exported_double_shows_float_noise(finished: Run) -> None:
     assert len(doubles) > 50, doubles
     noisy = [(span, name, value) for span, name, value in doubles if value != round(value, 9)]
     assert not noisy, noisy
+
+
+#: What the wall clock may differ by between the program's reading and an event's timestamp: the
+#: attempt's clock is anchored to the epoch once (monotonic to wall), and Jaeger keeps
+#: microseconds.
+CLOCK_SLACK_NS = 1_000_000
+
+
+def test_a_streams_events_fall_where_the_program_saw_them(finished: Run) -> None:
+    """The streamed attempt's events, as Jaeger shows them, at the times the program itself
+    measured: the first byte (the response's headers) between the call and ``create``
+    returning; the first chunk within the program's wait for the first chunk the SDK yielded,
+    the first token within its wait for the first chunk with text (each read happened while
+    the program waited for it: nothing else reads the stream)."""
+    workload = finished.calls["http"]
+    marks = workload.stream_marks()
+    chunks = marks["chunks"]
+    first = chunks[0]
+    first_text = next(chunk for chunk in chunks if chunk["content"])
+
+    def events_of(span: dict[str, Any]) -> dict[str, int]:
+        events: dict[str, int] = {}
+        for log in span.get("logs", []):
+            fields = {field["key"]: field["value"] for field in log["fields"]}
+            events[fields["event"]] = log["timestamp"] * 1000
+        return events
+
+    def streamed() -> dict[str, int] | None:
+        shown = [events_of(span) for spans in jaeger_traces(finished, workload.service).values()
+                 for span in spans]  # fmt: skip
+        with_byte = [events for events in shown if "llm_latency.first_byte" in events]
+        return with_byte[0] if len(with_byte) == 1 else None
+
+    events = wait_for(streamed, timeout=60, what="the streamed attempt's events in Jaeger")
+    windows = {
+        "llm_latency.first_byte": (marks["called"], marks["headers"]),
+        "llm_latency.first_chunk": (first["asked"], first["got"]),
+        "llm_latency.first_token": (first_text["asked"], first_text["got"]),
+    }
+    # an event comes only when later than the one before it: the first token may be the first
+    # chunk's (then it has no event of its own)
+    assert "llm_latency.first_byte" in events and "llm_latency.first_chunk" in events, events
+    for name, at in events.items():
+        low, high = windows[name]
+        assert low - CLOCK_SLACK_NS <= at <= high + CLOCK_SLACK_NS, (name, at, low, high)
+    shown = [
+        f"{name.split('.')[-1]} at {(at - marks['called']) / 1e6:.1f} ms"
+        for name, at in sorted(events.items(), key=lambda item: item[1])
+    ]
+    got = (first_text["got"] - marks["called"]) / 1e6
+    report(
+        f"Jaeger, the stream's events: {', '.join(shown)} from the call; the program got its "
+        f"first text at {got:.1f} ms"
+    )

@@ -124,7 +124,12 @@ def set_up(
 # -- calls ----------------------------------------------------------------------------------
 
 
-async def scripted_calls() -> None:
+async def scripted_calls(marks: Path | None) -> None:
+    """The calls; with ``marks``, the stream's times as the program saw them (wall clock, ns),
+    written there as JSON: ``called`` (before ``create``), ``headers`` (when ``create``
+    returned: the response's headers were in), and per chunk the SDK yielded, ``asked`` (when
+    the program asked for it), ``got`` (when it came) and ``content`` (whether it carried
+    text)."""
     from openai import AsyncOpenAI
 
     async with running(Profile(ttfb=0.05, tokens=5, tokens_per_second=200)) as server:
@@ -133,9 +138,19 @@ async def scripted_calls() -> None:
         messages: Any = [{"role": "user", "content": "hi"}]
         for _ in range(3):  # one fresh connection, then pooled
             await client.chat.completions.create(model="m", messages=messages)
+        called = time.time_ns()
         stream = await client.chat.completions.create(model="m", messages=messages, stream=True)
-        async for _ in stream:
-            pass
+        seen: dict[str, Any] = {"called": called, "headers": time.time_ns(), "chunks": []}
+        while True:
+            asked = time.time_ns()
+            try:
+                chunk = await stream.__anext__()
+            except StopAsyncIteration:
+                break
+            content = any(choice.delta.content for choice in chunk.choices)
+            seen["chunks"].append({"asked": asked, "got": time.time_ns(), "content": content})
+        if marks is not None:
+            await asyncio.to_thread(marks.write_text, json.dumps(seen))
         server.state.rate_limit_next = 1  # a 429, which the SDK retries after retry-after
         await client.chat.completions.create(model="m", messages=messages)
         await client.close()
@@ -337,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--service", help="service.name")
     parser.add_argument("--lazy", action="store_true", help="llm-latency sets the SDK up")
     parser.add_argument("--record", type=Path, help="write every span here (JSON lines)")
+    parser.add_argument("--stream-marks", type=Path, help="calls: the stream's times (JSON)")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--pause", type=float, default=0.2)
     parser.add_argument("--healthy", type=int, default=400)
@@ -351,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         trace.set_tracer_provider(providers[0])
     work: Callable[[], Coroutine[Any, Any, None]] = {
-        "calls": scripted_calls,
+        "calls": lambda: scripted_calls(args.stream_marks),
         "alerts": lambda: alert_scenarios(args.seconds),
         "steady": lambda: steady(args.seconds, args.pause),
         "sampling": lambda: sampling(args.healthy),
