@@ -30,6 +30,13 @@ per second of in-flight time:
 - the periodic metric export (every subject but bare; the SDK's default interval is 60 s): one
   collection and export to a dropping exporter, in a window of its own.
 
+The cyclic collector runs in a worker only at its checkpoints, once each (``gc.disable()``,
+then ``gc.collect()`` before each dump): left to its thresholds, a full collection (which walks
+every tracked object) falls in one window or the other by where the allocation counts happen to
+cross them, which moved a subject's count per request by up to 4 % between runs of the same
+tree. So each window pays for collecting the garbage it made, and the walk over what survives,
+the same in both request windows, cancels in their difference.
+
     python bench/instructions.py                          # every client (10 min on 2 idle cores)
     python bench/instructions.py --clients aiohttp --workloads json
     python bench/instructions.py --runs 3                 # three runs, and how far apart
@@ -47,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import gc
 import json
 import os
 import shutil
@@ -87,7 +95,9 @@ METRIC_EXPORT_INTERVAL = 60.0
 
 
 def checkpoint() -> None:
-    """callgrind writes the instructions counted since the previous checkpoint (see above)."""
+    """callgrind writes the instructions counted since the previous checkpoint (see above),
+    after one full collection of the garbage the window made (see "The cyclic collector")."""
+    gc.collect()
     os.getpgrp()
 
 
@@ -434,6 +444,7 @@ def main() -> None:
     if args.worker:
         client, subject, workload, port, n = args.worker
         WORKLOADS[workload]["n"] = int(n)
+        gc.disable()
         print(json.dumps(work(client, subject, workload, int(port))))
         return
     if args.load:
