@@ -98,7 +98,8 @@ class AttemptFacts:
     descheduled: float = 0.0
     #: Request start to the first event with generated content (s), streamed answers.
     time_to_first_token: float | None = None
-    #: (stream end - first token) / (output tokens - 1), streamed answers with usage (s).
+    #: (stream end - first token) / (output tokens - 1), streamed answers with usage whose
+    #: first token did not come in their last chunk (s).
     time_per_output_token: float | None = None
     #: Server time / output tokens, answers not streamed: an upper bound (s).
     server_time_per_output_token_max: float | None = None
@@ -129,7 +130,9 @@ def token_facts(
         if watch.first_token_ns:
             first_token = (watch.first_token_ns - timeline.start_ns) / 1e9
             unknown = output is None
-            if output is not None and output > 1 and timeline.last_chunk_ns:
+            # No time after the first token (it came in the last chunk, as a tool call sent
+            # whole does): the tokens after it say nothing of a pace.
+            if output is not None and output > 1 and timeline.last_chunk_ns > watch.first_token_ns:
                 tpot = (timeline.last_chunk_ns - watch.first_token_ns) / 1e9 / (output - 1)
                 tpot = round(tpot, NS_DIGITS)
     elif output and processing is not None:

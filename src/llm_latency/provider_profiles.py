@@ -63,6 +63,23 @@ _OPENAI_RESETS: Final = (
 )
 _OPENAI_LIMITS: Final = ("x-ratelimit-limit-requests", "x-ratelimit-limit-tokens")
 _EVENT_STREAM: Final = (("text/event-stream", SSE),)
+#: The Responses API's output items that are a call its model makes (types/responses/
+#: response_output_item.py): not the server's own items (mcp_list_tools, the calls' outputs).
+_RESPONSES_CALLS: Final = (
+    "function_call",
+    "custom_tool_call",
+    "web_search_call",
+    "file_search_call",
+    "code_interpreter_call",
+    "computer_call",
+    "image_generation_call",
+    "local_shell_call",
+    "shell_call",
+    "apply_patch_call",
+    "tool_search_call",
+    "mcp_call",
+    "mcp_approval_request",
+)
 
 # The OpenAI-compatible routes; a prefix such as Groq's "/openai" or a gateway's base path may
 # come before "v1".
@@ -110,6 +127,12 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         usage_fields=_OPENAI_USAGE,
         usage_at=("usage",),
         content_keys=("content", "reasoning_content", "reasoning", "arguments", "delta", "refusal"),
+        # types/chat/chat_completion_chunk.py: a tool call's first delta names it with
+        # "arguments": "" (ChoiceDeltaToolCall; function_call, its deprecated form); the
+        # Responses API's response.output_item.added names the call its model makes, with its
+        # arguments still empty (types/responses/response_output_item.py).
+        content_objects=("tool_calls", "function_call"),
+        content_types=_RESPONSES_CALLS,
     ),
     ProviderProfile(
         # Azure OpenAI REST reference: deployments routes, apim-request-id, x-ms-region.
@@ -182,6 +205,9 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         usage_at=("usage",),
         server_time_headers=(("x-envoy-upstream-service-time", MILLISECONDS),),
         content_keys=("text", "thinking", "partial_json"),
+        # types/raw_content_block_start_event.py: a tool_use block's start names the tool (its
+        # first input_json_delta is empty); redacted_thinking is reasoning sent whole.
+        content_types=("tool_use", "server_tool_use", "mcp_tool_use", "redacted_thinking"),
     ),
     ProviderProfile(
         # botocore: data/bedrock-runtime/*/service-2.json (routes; serialize.py percent-encodes
@@ -226,7 +252,11 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             ("cacheWriteInputTokenCount", CACHE_WRITE_BESIDE),
         ),
         usage_at=("usage", "amazon-bedrock-invocationMetrics"),
-        content_keys=("text", "reasoningText", "input"),
+        content_keys=("text", "reasoningText", "input", "redactedContent"),
+        # ConverseStream's contentBlockStart names the tool ("start": {"toolUse": {...}}), its
+        # input follows in contentBlockDelta's toolUse.input (ContentBlockStart,
+        # ToolUseBlockStart); InvokeModel's Claude streams are Anthropic's events.
+        content_objects=("toolUse",),
     ),
     ProviderProfile(
         # google-genai: _api_client.py (the paths it builds; streams ask for "?alt=sse"; it
@@ -273,6 +303,11 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         ),
         usage_at=("usageMetadata",),
         content_keys=("text",),
+        # types.py Part: a function call comes whole (function_call; on Vertex AI, with
+        # streamed arguments, its first part holds the name), as do a server-side tool's call
+        # (tool_call) and the code the code-execution tool runs (executable_code); camelCase
+        # on the wire.
+        content_objects=("functionCall", "toolCall", "executableCode"),
     ),
     ProviderProfile(
         # mistralai: client/chat.py, fim.py, agents.py (routes; chat is OpenAI's route);
@@ -310,6 +345,9 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         usage_fields=_OPENAI_USAGE,
         usage_at=("usage",),
         content_keys=("content", "arguments"),
+        # client/models/deltamessage.py, toolcall.py: a tool call comes whole, its arguments a
+        # string or an object (FunctionCall.arguments).
+        content_objects=("tool_calls",),
     ),
     ProviderProfile(
         # cohere: v2/raw_client.py and raw_base_client.py (routes, streams: v2 is SSE, v1
@@ -337,7 +375,12 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         # cohere: v2/types/usage.py (billed_units, then tokens: the last one read wins).
         usage_fields=(("input_tokens", INPUT), ("output_tokens", OUTPUT)),
         usage_at=("usage",),
-        content_keys=("text", "thinking"),
+        content_keys=("text", "thinking", "tool_plan", "arguments"),
+        # v2/types/v2chat_stream_response.py: tool-plan-delta writes the plan, tool-call-start
+        # names the tool ("tool_calls": {...}, arguments "") before tool-call-delta's
+        # arguments; v1's tool-calls-chunk streams "tool_call_delta", tool-calls-generation
+        # the whole "tool_calls" list (types/chat_tool_calls_chunk_event.py).
+        content_objects=("tool_calls", "tool_call_delta"),
     ),
     ProviderProfile(
         # groq: the OpenAI-compatible API under /openai/v1 (openai's routes match it);
@@ -383,6 +426,8 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         ),
         usage_at=("prompt_eval_count", "eval_count"),
         content_keys=("content", "thinking", "response"),
+        # _types.py Message.tool_calls: each call whole, its arguments an object.
+        content_objects=("tool_calls",),
     ),
     ProviderProfile(
         # Fireworks serves OpenAI's routes under /inference/v1 and answers with its own split
@@ -428,6 +473,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         usage_fields=_OPENAI_USAGE,
         usage_at=("usage",),
         content_keys=("content", "reasoning_content", "reasoning", "arguments", "text"),
+        content_objects=("tool_calls",),
         note="OpenAI's routes and SSE streams too",
     ),
 )

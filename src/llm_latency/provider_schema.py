@@ -97,6 +97,15 @@ class ProviderProfile:
     #: JSON keys whose non-empty string value is generated content in a stream event (text,
     #: reasoning, tool-call arguments): the first one seen is the first token.
     content_keys: tuple[str, ...] = ()
+    #: JSON keys whose value, a non-empty object or a list of objects, is generated content: a
+    #: tool call sent whole (Gemini's ``functionCall``, Ollama's ``tool_calls``), or opened
+    #: with its name before its arguments (OpenAI's first ``tool_calls`` delta, whose
+    #: ``arguments`` is still ``""``). The model wrote the tool's name: the first token.
+    content_objects: tuple[str, ...] = ()
+    #: Values of a ``"type"`` key that open generated content: a content block or an output item
+    #: that names the tool it calls (Anthropic's ``tool_use`` block, the Responses API's
+    #: ``function_call`` item), sent before any argument.
+    content_types: tuple[str, ...] = ()
     #: ``gen_ai.provider.name`` (the GenAI conventions' well-known value where there is one).
     genai_name: str | None = None
     #: Host names (or ``.suffix``es) of the provider's own API: they name the provider.

@@ -3,8 +3,8 @@
 
 Each table gathers one field of every profile, in profile order: the routes that name the spans,
 the request-id, server-time, rate-limit, retry-count and usage headers, the stream formats by
-content type, the usage fields of response bodies, the keys of generated content, and the
-response headers captured by default.
+content type, the usage fields of response bodies, the keys and types of generated content, and
+the response headers captured by default.
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ PROVIDER_HOSTS: Final = tuple(
 )
 #: The JSON keys whose non-empty string value is generated content, any provider's.
 CONTENT_KEYS: Final = _unique([key for p in PROFILES for key in p.content_keys])
+#: The JSON keys whose non-empty object or list of objects is generated content (a tool call).
+CONTENT_OBJECTS: Final = _unique([key for p in PROFILES for key in p.content_objects])
+#: The ``"type"`` values of the blocks and items that open generated content (a tool call).
+CONTENT_TYPES: Final = _unique([kind for p in PROFILES for kind in p.content_types])
 #: The response headers captured by default: all of the above, and the retry hints.
 DEFAULT_RESPONSE_HEADERS: Final = _unique(
     [

@@ -6,11 +6,17 @@ This is the observe side: per chunk it keeps references to the last two chunks, 
 the first token it searches the chunk (a stream's first chunks are few). Parsing the usage out
 of what it kept happens once, at the attempt's end (:mod:`llm_latency.usage`).
 
-Content is a non-empty string under one of the providers' content keys (``"content":"Hi"``,
-``"text":"Hi"``, ``"delta":"Hi"``, ``"thinking":"..."``, tool-call ``"arguments"``): a
-role-only delta (``"content":""``), ``response.created``, ``message_start``, pings and other
-control events carry none. JSON text never puts a backslash before a key's quote, so an
-escaped key inside a generated string does not count. Bedrock's InvokeModel streams wrap each
+Content is what the model wrote, as each provider's profile describes it: a non-empty string
+under a content key (``"content":"Hi"``, ``"text":"Hi"``, ``"delta":"Hi"``,
+``"thinking":"..."``, tool-call ``"arguments"``); a tool call, a non-empty object or list of
+objects under a content-object key (OpenAI's opening ``"tool_calls":[{...,"arguments":""}]``,
+Gemini's ``"functionCall":{...}``, Ollama's ``"tool_calls"``, Bedrock's ``"toolUse"``); or a
+block or item whose ``"type"`` opens a tool call (Anthropic's ``"tool_use"``, the Responses
+API's ``"function_call"``). A tool call's opening names the tool: the model wrote it, so it is
+the first token, though its arguments are still empty. A role-only delta
+(``"content":""``), ``response.created``, ``message_start``, a text block's empty start, pings
+and other control events carry none. JSON text never puts a backslash before a key's quote,
+so an escaped key inside a generated string does not count. Bedrock's InvokeModel streams wrap each
 event in base64 (``{"bytes":"..."}``): those payloads are decoded before the search.
 
 A compressed body (``Content-Encoding``) is kept whole, up to :data:`KEEP_COMPRESSED` bytes,
@@ -36,10 +42,19 @@ ZLIB_ENCODINGS: Final = frozenset({"gzip", "x-gzip", "deflate"})
 #: Bytes of a chunk carried into the search of the next one (a key split across two chunks).
 _CARRY: Final = 64
 
+
+def _names(names: tuple[str, ...]) -> bytes:
+    return b"|".join(re.escape(name.encode()) for name in names)
+
+
 _CONTENT: Final = re.compile(
-    rb'(?<!\\)"(?:'
-    + b"|".join(re.escape(key.encode()) for key in providers.CONTENT_KEYS)
-    + rb')"\s*:\s*"(?=[^"])'
+    rb'(?<!\\)"(?:(?:'
+    + _names(providers.CONTENT_KEYS)
+    + rb')"\s*:\s*"(?=[^"])|(?:'
+    + _names(providers.CONTENT_OBJECTS)
+    + rb')"\s*:\s*(?:\{\s*"|\[\s*\{)|type"\s*:\s*"(?:'
+    + _names(providers.CONTENT_TYPES)
+    + rb')")'
 )
 BASE64_PAYLOAD: Final = re.compile(rb'"bytes"\s*:\s*"([A-Za-z0-9+/=]{4,})"')
 _JSON_TYPES: Final = ("application/json", "+json")
