@@ -19,14 +19,25 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 from aiohttp import web
 from opentelemetry.sdk.trace import ReadableSpan
 
 from llm_latency import tokens
+from llm_latency.testing import Profile, RunningServer, running
 from tests.conftest import Telemetry
 from tests.servers import serving
+from tests.test_tokens import (
+    GAP,
+    MAX_TOKENS,
+    MESSAGES,
+    PREFILL_PER_TOKEN,
+    TTFB,
+    assert_times_agree,
+)
 from tests.tool_call_streams import RECORDINGS, Recording
 
 #: The pause before each event after the first, once the program has read the ones before.
@@ -154,3 +165,97 @@ async def test_the_first_token_is_the_tool_call_that_opens_the_answer(
 )  # fmt: skip
 def test_what_is_no_tool_call(event: dict[str, Any]) -> None:
     assert not tokens.has_content(json.dumps(event).encode())
+
+
+# -- the mock server's tool calls, read by the real SDKs ----------------------------------------
+
+WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
+
+
+@pytest.fixture
+async def mock() -> AsyncIterator[RunningServer]:
+    profile = Profile(
+        ttfb=TTFB, tokens=20, tokens_per_second=1 / GAP, prefill_per_token=PREFILL_PER_TOKEN
+    )
+    async with running(profile) as server:
+        yield server
+
+
+async def test_openai_sdk_reads_the_mock_servers_tool_call(
+    telemetry: Telemetry, mock: RunningServer
+) -> None:
+    client = openai.AsyncOpenAI(base_url=mock.url("/v1"), api_key="sk-test")
+    arrivals: list[int] = []
+    calls: dict[int, dict[str, str]] = {}
+    stream = await client.chat.completions.create(
+        model="gpt-test", messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True,
+        stream_options={"include_usage": True},
+        tools=[{"type": "function", "function": WEATHER_TOOL}],
+    )  # fmt: skip
+    finish = None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.tool_calls:
+            arrivals.append(time.time_ns())
+            for delta in chunk.choices[0].delta.tool_calls:
+                call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                assert delta.function is not None
+                call["name"] += delta.function.name or ""
+                call["arguments"] += delta.function.arguments or ""
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    await client.close()
+    assert finish == "tool_calls"
+    assert calls[0]["name"] == "get_weather"
+    assert json.loads(calls[0]["arguments"])["input"].split() == [
+        f"token{i}" for i in range(1, MAX_TOKENS)
+    ]
+    # The opening delta (the name, no argument yet) is the first of MAX_TOKENS tokens.
+    assert len(arrivals) == MAX_TOKENS
+    (request,) = telemetry.requests()
+    assert dict(request.attributes or {})["gen_ai.usage.output_tokens"] == MAX_TOKENS
+    assert_times_agree(request, arrivals, MAX_TOKENS)
+
+
+async def test_anthropic_sdk_reads_the_mock_servers_tool_use(
+    telemetry: Telemetry, mock: RunningServer
+) -> None:
+    client = anthropic.AsyncAnthropic(base_url=mock.url(""), api_key="sk-ant-test")
+    arrivals: list[int] = []
+    tool = {"name": WEATHER_TOOL["name"], "input_schema": WEATHER_TOOL["parameters"]}
+    async with client.messages.stream(
+        model="claude-test", max_tokens=MAX_TOKENS, messages=MESSAGES, tools=[tool]
+    ) as stream:
+        async for event in stream:
+            if event.type == "content_block_start" or (
+                event.type == "input_json" and event.partial_json
+            ):
+                arrivals.append(time.time_ns())
+        message = await stream.get_final_message()
+    await client.close()
+    assert message.stop_reason == "tool_use"
+    (block,) = message.content
+    assert block.type == "tool_use" and block.name == "get_weather"
+    assert isinstance(block.input, dict) and len(block.input["input"].split()) == MAX_TOKENS - 1
+    assert len(arrivals) == MAX_TOKENS
+    (request,) = telemetry.requests()
+    assert dict(request.attributes or {})["gen_ai.usage.output_tokens"] == MAX_TOKENS
+    assert_times_agree(request, arrivals, MAX_TOKENS)
+
+
+async def test_a_tool_result_is_answered_in_text(mock: RunningServer) -> None:
+    client = openai.AsyncOpenAI(base_url=mock.url("/v1"), api_key="sk-test")
+    messages: list[Any] = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]  # fmt: skip
+    answer = await client.chat.completions.create(
+        model="gpt-test", messages=messages, max_tokens=MAX_TOKENS,
+        tools=[{"type": "function", "function": WEATHER_TOOL}],
+    )  # fmt: skip
+    await client.close()
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.choices[0].message.tool_calls is None

@@ -6,10 +6,16 @@ A stream is ``message_start``, ``content_block_start``, a ``ping``, one
 ``end_turn`` and the output usage) and ``message_stop``. Every response carries ``request-id``
 and the ``anthropic-ratelimit-*`` headers (the resets as RFC 3339 times, as Anthropic sends
 them); the scripted 429 carries ``retry-after`` in whole seconds, Anthropic's only retry hint.
+
+A request that offers ``tools``, and whose last message is not a ``tool_result``, is answered
+with a ``tool_use`` block calling the first tool (``stop_reason`` ``tool_use``): streamed, its
+``content_block_start`` names the tool (a token: the model wrote the name), the first
+``input_json_delta`` is empty, as Anthropic's is, then each token is a piece of the input.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aiohttp import web
@@ -17,10 +23,12 @@ from aiohttp import web
 from llm_latency.testing.mock_common import (
     Part,
     Turn,
+    arguments,
     request_id,
     rfc3339,
     sse,
     start_turn,
+    tool_called,
     write_stream,
 )
 
@@ -85,35 +93,60 @@ async def messages(request: web.Request) -> web.StreamResponse:
         "stop_reason": None,
         "stop_sequence": None,
     }
+    tool = tool_called(turn.body)
     if not stream:
+        block: dict[str, Any] = {"type": "text", "text": "".join(words)}
+        if tool is not None:
+            given = json.loads("".join(arguments(words[1:])))
+            block = {
+                "type": "tool_use",
+                "id": f"toolu_{request_id('')}",
+                "name": tool,
+                "input": given,
+            }
         message.update(
-            content=[{"type": "text", "text": "".join(words)}],
-            stop_reason="end_turn",
+            content=[block],
+            stop_reason="end_turn" if tool is None else "tool_use",
             usage=_usage(turn.input_tokens, len(words)),
         )
         return web.json_response(message, headers=headers(turn))
     response = web.StreamResponse(headers=headers(turn))
     response.content_type = "text/event-stream"
-    return await write_stream(request, response, turn, _events(message, words, turn.input_tokens))
+    events = _events(message, words, turn.input_tokens, tool)
+    return await write_stream(request, response, turn, events)
 
 
 def _events(
-    message: dict[str, Any], words: list[str], input_tokens: int
+    message: dict[str, Any], words: list[str], input_tokens: int, tool: str | None
 ) -> list[tuple[Part, bool]]:
     def event(kind: str, **fields: Any) -> bytes:
         return sse({"type": kind, **fields}, event=kind)
 
     start = {**message, "usage": _usage(input_tokens, 1)}
-    pieces: list[tuple[Part, bool]] = [
-        (event("message_start", message=start), False),
-        (event("content_block_start", index=0, content_block={"type": "text", "text": ""}), False),
-        (event("ping"), False),
-    ]
-    pieces += [
-        (event("content_block_delta", index=0, delta={"type": "text_delta", "text": w}), True)
-        for w in words
-    ]
-    delta = {"stop_reason": "end_turn", "stop_sequence": None}
+    pieces: list[tuple[Part, bool]] = [(event("message_start", message=start), False)]
+    if tool is None:
+        block: dict[str, Any] = {"type": "text", "text": ""}
+        pieces += [(event("content_block_start", index=0, content_block=block), False)]
+        pieces += [(event("ping"), False)]
+        pieces += [
+            (event("content_block_delta", index=0, delta={"type": "text_delta", "text": w}), True)
+            for w in words
+        ]
+    else:
+        call = {"type": "tool_use", "id": f"toolu_{request_id('')}", "name": tool, "input": {}}
+        pieces += [(event("content_block_start", index=0, content_block=call), True)]
+        pieces += [(event("ping"), False)]
+        # The first input delta is empty; a one-token answer's "{}" is no token of its own.
+        inputs = ["", *arguments(words[1:])]
+        pieces += [
+            (
+                event("content_block_delta", index=0,
+                      delta={"type": "input_json_delta", "partial_json": piece}),
+                bool(piece) and len(words) > 1,
+            )
+            for piece in inputs
+        ]  # fmt: skip
+    delta = {"stop_reason": "end_turn" if tool is None else "tool_use", "stop_sequence": None}
     pieces += [
         (event("content_block_stop", index=0), False),
         (event("message_delta", delta=delta, usage={"output_tokens": len(words)}), False),

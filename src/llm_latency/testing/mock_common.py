@@ -257,6 +257,43 @@ async def start_turn(request: web.Request) -> Turn:
     return turn
 
 
+def tool_called(body: dict[str, Any]) -> str | None:
+    """The tool an answer calls: the first one the request offers (OpenAI's and Ollama's
+    ``{"function": {"name": ...}}``, Anthropic's ``{"name": ...}``), unless its last message
+    is a tool's result (a ``tool`` message, or Anthropic's ``tool_result`` block): the model
+    then answers in text, as an agent's does."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if isinstance(last, dict) and _is_tool_result(last):
+        return None
+    function = tools[0].get("function")
+    name = function.get("name") if isinstance(function, dict) else tools[0].get("name")
+    return name if isinstance(name, str) and name else "tool"
+
+
+def _is_tool_result(message: dict[str, Any]) -> bool:
+    if message.get("role") == "tool":
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") == "tool_result" for part in content
+    )
+
+
+def arguments(words: list[str]) -> list[str]:
+    """A tool call's arguments in pieces, one a word: together, the JSON object
+    ``{"input": "<the words>"}`` (``{}`` for no word)."""
+    if not words:
+        return ["{}"]
+    pieces = [json.dumps(word)[1:-1] for word in words]
+    pieces[0] = '{"input":"' + pieces[0]
+    pieces[-1] += '"}'
+    return pieces
+
+
 def request_id(prefix: str = "req_") -> str:
     """A fresh id in the providers' style."""
     return f"{prefix}{uuid.uuid4().hex[:24]}"

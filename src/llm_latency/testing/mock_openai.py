@@ -5,6 +5,11 @@ A stream is one ``chat.completion.chunk`` per token (the first also carries the 
 role), then a chunk with an empty delta and ``finish_reason: "stop"``, then, when the request
 asks for ``stream_options: {"include_usage": true}``, a chunk with no choices and the usage
 (every chunk before it then carries ``"usage": null``, as OpenAI's do), then ``data: [DONE]``.
+
+A request that offers ``tools``, and whose last message is not a tool's result, is answered as
+an agent's model answers it: a call of the first tool. Streamed, its first chunk names the tool
+with ``"arguments": ""`` (a token: the model wrote the name), then each token is a piece of the
+arguments; ``finish_reason`` is ``"tool_calls"``.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from aiohttp import web
 from llm_latency.testing.mock_common import (
     Part,
     Turn,
+    arguments,
     now_seconds,
     request_id,
     sse,
     start_turn,
+    tool_called,
     write_stream,
 )
 
@@ -89,6 +96,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     await turn.answer(stream)
     words = turn.words()
     base = {"id": f"chatcmpl-{turn.number}", "created": now_seconds(), "model": turn.model(MODEL)}
+    tool = tool_called(turn.body)
+    if tool is not None:
+        return await _tool_call(request, turn, base, tool, stream)
     if not stream:
         # The whole answer is generated before the headers: that is the processing time.
         message = {"role": "assistant", "content": "".join(words), "refusal": None}
@@ -126,6 +136,49 @@ def _chunks(
         pieces.append((sse(usage), False))
     pieces.append((b"data: [DONE]\n\n", False))
     return pieces
+
+
+async def _tool_call(
+    request: web.Request, turn: Turn, base: dict[str, Any], name: str, stream: bool
+) -> web.StreamResponse:
+    call_id = f"call_{request_id('')}"
+    pieces = arguments(turn.words()[1:])
+    if not stream:
+        call = {"id": call_id, "type": "function",
+                "function": {"name": name, "arguments": "".join(pieces)}}  # fmt: skip
+        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call]}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}
+        body = {**base, "object": "chat.completion", "choices": [choice], "usage": _usage(turn)}
+        return web.json_response(body, headers=headers(turn))
+    options = turn.body.get("stream_options")
+    with_usage = isinstance(options, dict) and options.get("include_usage") is True
+    extra: dict[str, Any] = {"usage": None} if with_usage else {}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return sse({**base, "object": "chat.completion.chunk", "choices": [choice], **extra})
+
+    opening = {"index": 0, "id": call_id, "type": "function",
+               "function": {"name": name, "arguments": ""}}  # fmt: skip
+    parts: list[tuple[Part, bool]] = [
+        (chunk({"role": "assistant", "content": None, "tool_calls": [opening]}), True)
+    ]
+    # A one-token answer is the name alone: its "{}" is no token of its own.
+    parts += [
+        (
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+            turn.output_tokens > 1,
+        )
+        for piece in pieces
+    ]
+    parts.append((chunk({}, "tool_calls"), False))
+    if with_usage:
+        usage = {**base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(turn)}
+        parts.append((sse(usage), False))
+    parts.append((b"data: [DONE]\n\n", False))
+    response = web.StreamResponse(headers=headers(turn))
+    response.content_type = "text/event-stream"
+    return await write_stream(request, response, turn, parts)
 
 
 def models() -> web.Response:
