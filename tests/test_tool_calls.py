@@ -169,8 +169,13 @@ def test_what_is_no_tool_call(event: dict[str, Any]) -> None:
 
 # -- the mock server's tool calls, read by the real SDKs ----------------------------------------
 
-WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
+WEATHER_TOOL: Any = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+TOOLS: Any = [{"type": "function", "function": WEATHER_TOOL}]
 
 
 @pytest.fixture
@@ -191,7 +196,7 @@ async def test_openai_sdk_reads_the_mock_servers_tool_call(
     stream = await client.chat.completions.create(
         model="gpt-test", messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True,
         stream_options={"include_usage": True},
-        tools=[{"type": "function", "function": WEATHER_TOOL}],
+        tools=TOOLS,
     )  # fmt: skip
     finish = None
     async for chunk in stream:
@@ -222,7 +227,7 @@ async def test_anthropic_sdk_reads_the_mock_servers_tool_use(
 ) -> None:
     client = anthropic.AsyncAnthropic(base_url=mock.url(""), api_key="sk-ant-test")
     arrivals: list[int] = []
-    tool = {"name": WEATHER_TOOL["name"], "input_schema": WEATHER_TOOL["parameters"]}
+    tool: Any = {"name": WEATHER_TOOL["name"], "input_schema": WEATHER_TOOL["parameters"]}
     async with client.messages.stream(
         model="claude-test", max_tokens=MAX_TOKENS, messages=MESSAGES, tools=[tool]
     ) as stream:
@@ -236,7 +241,9 @@ async def test_anthropic_sdk_reads_the_mock_servers_tool_use(
     assert message.stop_reason == "tool_use"
     (block,) = message.content
     assert block.type == "tool_use" and block.name == "get_weather"
-    assert isinstance(block.input, dict) and len(block.input["input"].split()) == MAX_TOKENS - 1
+    assert (
+        isinstance(block.input, dict) and len(str(block.input["input"]).split()) == MAX_TOKENS - 1
+    )
     assert len(arrivals) == MAX_TOKENS
     (request,) = telemetry.requests()
     assert dict(request.attributes or {})["gen_ai.usage.output_tokens"] == MAX_TOKENS
@@ -254,7 +261,7 @@ async def test_a_tool_result_is_answered_in_text(mock: RunningServer) -> None:
     ]  # fmt: skip
     answer = await client.chat.completions.create(
         model="gpt-test", messages=messages, max_tokens=MAX_TOKENS,
-        tools=[{"type": "function", "function": WEATHER_TOOL}],
+        tools=TOOLS,
     )  # fmt: skip
     await client.close()
     assert answer.choices[0].finish_reason == "stop"
