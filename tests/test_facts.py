@@ -121,6 +121,29 @@ def test_the_streams_longest_gap_leaves_out_the_loops_lag() -> None:
     assert provider_max_gap(timeline, [310 * MS, 30 * MS, 15 * MS]) == 20 * MS
 
 
+def test_the_wait_before_the_first_token_is_no_gap_of_the_stream() -> None:
+    """Control events at once, 1.5 s of the provider's queue, then the tokens 20 ms apart
+    with one 40 ms pause: the longest gap is the pause, with the loop's lag taken off or not;
+    the wait before the first token (the gap that ends at it) is no pause of the stream."""
+    timeline = attempt()
+    timeline.llm_route = True
+    timeline.response_body("text/event-stream")
+    assert timeline.body is not None
+    timeline.body.first_token_ns = 1600 * MS
+    timeline.long_gaps = [
+        (1500 * MS, 100 * MS, 1600 * MS),  # message_start and ping, then the queue
+        (40 * MS, 1700 * MS, 1740 * MS),
+        (20 * MS, 1600 * MS, 1620 * MS),
+    ]
+    timeline.max_gap_ns = 1500 * MS
+    timeline.token_max_gap_ns = 40 * MS
+    assert provider_max_gap(timeline, [0, 0, 0]) == 40 * MS
+    assert provider_max_gap(timeline, [0, 30 * MS, 0]) == 20 * MS
+    # A stream whose first token was not seen counts from its first chunk, as before.
+    timeline.body.first_token_ns = 0
+    assert provider_max_gap(timeline, [0, 0, 0]) == 1500 * MS
+
+
 def test_the_machines_wait_in_the_window_is_not_network_overhead() -> None:
     """The loop's thread waited 40 ms for a CPU at the end of the wait (another process had
     the core) and the loop was busy 10 ms with the program: of the 70 ms the server does not

@@ -45,14 +45,24 @@ class LoopLag(NamedTuple):
 
 
 def provider_max_gap(timeline: Timeline, gap_lags: Sequence[int]) -> int:
-    """The stream's longest gap (ns) less the loop's lag in it: the longest pause of the
-    provider and the network. Every gap not kept is no longer than the shortest kept, which
-    bounds it when all the kept ones were the loop's."""
+    """The stream's longest gap (ns) from its first token, less the loop's lag in it: the
+    longest pause of the provider and the network. The wait before the first token (a queue,
+    the prompt's prefill, hidden reasoning after the control events) is no pause; a stream
+    whose first token was not seen (no token watch, a compressed body) counts from its first
+    chunk. Every gap not kept is no longer than the shortest kept, which bounds it when all
+    the kept ones were the loop's."""
+    watch = timeline.body
+    first = watch.first_token_ns if watch is not None else 0
+    longest = timeline.token_max_gap_ns if first else timeline.max_gap_ns
     if not any(gap_lags):
-        return timeline.max_gap_ns
+        return longest
     kept = timeline.long_gaps
-    longest = max(length - lag for (length, _, _), lag in zip(kept, gap_lags, strict=True))
-    return max(longest, timeline.gap_floor_ns)
+    less_lag = [
+        length - lag
+        for (length, start, _), lag in zip(kept, gap_lags, strict=True)
+        if start >= first
+    ]
+    return max(max(less_lag, default=0), min(timeline.gap_floor_ns, longest))
 
 
 #: Computed seconds are rounded to the nanosecond, the clocks' resolution (a difference or a

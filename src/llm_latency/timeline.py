@@ -99,6 +99,7 @@ class Timeline:
         "start_ns",
         "status_code",
         "stream",
+        "token_max_gap_ns",
         "url",
     )
 
@@ -129,6 +130,10 @@ class Timeline:
         self.first_chunk_ns = 0
         self.last_chunk_ns = 0
         self.max_gap_ns = 0
+        #: The longest gap that began at or after the first token (``body.first_token_ns``):
+        #: the wait before it (the provider's queue, the prompt's prefill, hidden reasoning
+        #: after control events) is no pause of the stream.
+        self.token_max_gap_ns = 0
         #: The longest intervals between two body chunks, the ones a stall of the program's
         #: event loop may explain (``lag_monitor``): at most LONG_GAPS_KEPT, a heap (the
         #: shortest first; a stream on a saturated loop replaces one every few chunks).
@@ -248,10 +253,13 @@ class Timeline:
         """Record one body chunk as it arrives from the network (hot path: keep it cheap)."""
         now = clock_ns()
         last = self.last_chunk_ns
+        body = self.body
         if last:
             gap = now - last
             if gap > self.gap_floor_ns:
                 self._long_gap(last, now)
+            if gap > self.token_max_gap_ns and body is not None and body.first_token_ns:
+                self.token_max_gap_ns = gap
             gaps = self.gaps
             if gaps is not None:
                 gaps.append(gap)
@@ -262,7 +270,6 @@ class Timeline:
         stream = self.stream
         if stream is not None:
             stream.feed(data)
-        body = self.body
         if body is not None:
             body.previous = body.last
             body.last = data

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, asynccontextmanager
 
 from llm_latency.testing import LocalDNS, Profile, RunningServer, running
 from tests.scenarios.catalog import Program, Run, Scenario, but
+from tests.scenarios.first_token import FORMATS, Format, first_token_server, request_body, url_of
 from tests.scenarios.peers import DistanceRelay, in_thread, pausing_stream
 from tests.scenarios.programs import (
     STREAM,
@@ -251,6 +252,47 @@ async def small_prompts(run: Run) -> None:
         )  # fmt: skip
 
 
+def _queued_after_control_events(fmt: Format) -> Program:
+    """Eight streams at once, three of them held 1.5 s after their control events (the
+    provider's queue, a long prefill, hidden reasoning), before the first token."""
+
+    async def program(run: Run) -> None:
+        with in_thread(first_token_server) as base:
+            body = request_body(fmt)
+            await asyncio.gather(
+                aiohttp_requests(url_of(base, fmt), 5, body=body),
+                aiohttp_requests(url_of(base, fmt, wait=1.5), 3, body=body),
+            )
+
+    return program
+
+
+def _stalled_mid_stream(fmt: Format) -> Program:
+    """Two streams that stop for 1.1 s after ten of their tokens."""
+
+    async def program(run: Run) -> None:
+        with in_thread(first_token_server) as base:
+            await aiohttp_requests(url_of(base, fmt, pause=1.1, at=10), 2, body=request_body(fmt))
+
+    return program
+
+
+def _first_token_scenarios() -> tuple[Scenario, ...]:
+    """Per stream format: the wait before the first token is the provider's queue, never a
+    stall; a pause between two tokens is one."""
+    return tuple(
+        scenario
+        for fmt in FORMATS
+        for scenario in (
+            Scenario(f"queued-{fmt.name}", f"{fmt.name}: 3 of 8 held 1.5 s before the first "
+                     "token", "provider-queue", but("provider-queue"),
+                     _queued_after_control_events(fmt), saving=(1.2, 1.6)),
+            Scenario(f"stall-{fmt.name}", f"{fmt.name}: 1.1 s pause after ten tokens",
+                     "stream-stall", but("stream-stall"), _stalled_mid_stream(fmt)),
+        )
+    )  # fmt: skip
+
+
 # -- two endpoints ---------------------------------------------------------------------------
 
 
@@ -338,4 +380,5 @@ SCENARIOS: tuple[Scenario, ...] = (
              but("gap: wait"), compare_server_time),
     Scenario("compare-setup", "E2's TLS 200 ms slower, new connections", "gap: tls",
              but("gap: tls"), compare_setup),
+    *_first_token_scenarios(),
 )  # fmt: skip
