@@ -610,6 +610,28 @@ def test_durations_read_as_people_write_them(seconds: float, text: str) -> None:
     assert duration(seconds) == text
 
 
+def _streamed(queued: float, stall: float) -> Attempt:
+    """A stream whose control events come at once, held ``queued`` (s) before its first token,
+    then 20 tokens 10 ms apart but for one pause of ``stall`` (the longest gap, from the
+    first token)."""
+    tokens = 0.19 + stall
+    receive = queued + tokens
+    phases = (Phase("send", 0.0, 0.001), Phase("wait", 0.001, 0.05),
+              Phase("receive", 0.051, receive))  # fmt: skip
+    return Attempt(0, 0.051 + receive, phases, host="h", method="POST", status=200,
+                   time_to_first_chunk=0.051, time_to_first_token=0.051 + queued,
+                   stream_events=23, stream_max_gap=stall)  # fmt: skip
+
+
+def test_a_stall_is_measured_against_the_streams_pace_after_its_first_token() -> None:
+    """A stream held 8 s in the provider's queue before its first token, its tokens then
+    stopped 1.2 s: the stall is one, against the 10 ms the tokens came at; the wait before
+    the first token does not make the stream's pace seem slow."""
+    found = diagnose([Call("c", 0, 10.0, [_streamed(8.0, 1.2)])])
+    assert "stream-stall" in rules_found(found)
+    assert "stream-stall" not in rules_found(diagnose([Call("c", 0, 10.0, [_streamed(8.0, 0.01)])]))
+
+
 # -- evidence, hand-overs, the loop's own stall ------------------------------------------------
 
 

@@ -182,7 +182,11 @@ def not_streamed(calls: Sequence[Call]) -> Finding | None:
 
 
 def stream_stall(calls: Sequence[Call]) -> Finding | None:
-    """A stream that stopped for a long time between two chunks."""
+    """A stream that stopped for a long time between two chunks, after its first token: the
+    wait before it (the provider's queue, the prompt's prefill, hidden reasoning after the
+    control events) is ``provider-queue``'s and ``long-prompt``'s, and no pause of the stream
+    (``llm_latency.stream.max_gap`` starts at the first token too); the stream's pace is its
+    own after the first token."""
     attempts = _attempts(calls)
     stalls: list[float] = []
     usual: list[float] = []
@@ -191,7 +195,9 @@ def stream_stall(calls: Sequence[Call]) -> Finding | None:
         receive = attempt.phase("receive")
         if gap is None or not events or receive is None or gap < STALL_MIN_GAP:
             continue
-        mean = receive / max(events, 1)
+        first = attempt.time_to_first_token
+        streamed = attempt.duration - first if first is not None else receive
+        mean = max(streamed, 0.0) / max(events, 1)
         if gap >= STALL_MIN_RATIO * mean:
             stalls.append(gap)
             usual.append(mean)
