@@ -12,6 +12,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
+from llm_latency.clock import clock_ns
+
 
 class Backoff(NamedTuple):
     """The wait between a failed attempt of a call and the next one: what to emit for it."""
@@ -37,11 +39,13 @@ class LogicalCall:
         "_returned",
         "answer",
         "attempts",
+        "first_token_ns",
         "last_host",
         "numbers_attempts",
         "own_backoffs",
         "request_id",
         "span",
+        "start_ns",
     )
 
     def __init__(
@@ -55,11 +59,17 @@ class LogicalCall:
         #: True when the attempts carry their number in the call as their resend count (an
         #: SDK call, whose SDK may send no retry-count header of its own).
         self.numbers_attempts = numbers_attempts
+        #: When the call started (``clock_ns``): its time to first token counts from here,
+        #: its failed attempts and the waits between them included.
+        self.start_ns = clock_ns()
         #: Attempts started so far.
         self.attempts = 0
         #: The GenAI attributes (model, usage, time to first token) of the latest attempt
-        #: that carried an answer: the call's span gets them when it ends.
+        #: that carried an answer, and when its first token came (``clock_ns``, 0 when it
+        #: has none): the call's span gets them when it ends, the time to first token from
+        #: the call's start (:meth:`answered`).
         self.answer: dict[str, Any] | None = None
+        self.first_token_ns = 0
         #: The provider's request id of the latest attempt that carried one: the call's span
         #: gets it when it ends.
         self.request_id: str | None = None
@@ -71,6 +81,18 @@ class LogicalCall:
         self._last_end_epoch_ns = 0
         self._last_reason: str | None = None
         self._last_retry_after: float | None = None
+
+    def answered(self, answer: dict[str, Any], first_token_ns: int) -> None:
+        """An attempt carried an answer: its GenAI attributes, and when its first token came
+        (``clock_ns``; 0 for none)."""
+        self.answer = answer
+        self.first_token_ns = first_token_ns
+
+    def first_token_since_start(self) -> float | None:
+        """Seconds from the call's start to its answer's first token, None without one."""
+        if not self.first_token_ns:
+            return None
+        return (self.first_token_ns - self.start_ns) / 1e9
 
     def number_next(self, attempt: int) -> None:
         """The retry helper's attempt ``attempt`` (from 0) starts: its HTTP attempts carry it

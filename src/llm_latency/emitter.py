@@ -216,7 +216,8 @@ class Emitter:
             answer = token_attributes(record)
             attributes.update(answer)
             if record.call is not None:
-                record.call.answer = answer
+                body = record.timeline.body
+                record.call.answered(answer, body.first_token_ns if body is not None else 0)
         if facts.request_id is not None and record.call is not None:
             record.call.request_id = facts.request_id
         self._spans.write(record, attributes, windows)
