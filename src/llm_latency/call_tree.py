@@ -34,6 +34,7 @@ from llm_latency import semconv
 from llm_latency.diagnosis import diagnose
 from llm_latency.diagnosis.findings import NBSP, Finding, duration, keep_units
 from llm_latency.diagnosis.records import Attempt, Backoff, Call
+from llm_latency.diagnosis.usage_hint import usage_hint
 from llm_latency.timeline import PHASE_NAMES
 
 INDENT = "  "
@@ -167,7 +168,9 @@ def report(
 ) -> list[str]:
     """The trees of ``calls``, then the findings of :func:`llm_latency.diagnose` for them; no
     line longer than ``width`` when one is given."""
-    return tree(calls, origin_ns, width) + finding_lines(diagnose(calls), width)
+    hint = usage_hint(a for call in calls for a in call.attempts)
+    hints = _wrap(hint, width, "", "  ") if hint is not None else []
+    return tree(calls, origin_ns, width) + hints + finding_lines(diagnose(calls), width)
 
 
 def columns_for(out: TextIO) -> int | None:

@@ -54,6 +54,12 @@ from llm_latency.cli.telemetry import instrumented
 )
 @click.option("--stream", is_flag=True, help='Ask for a streamed response (sets "stream": true).')
 @click.option(
+    "--include-usage",
+    is_flag=True,
+    help='A streamed response with its token usage (sets "stream": true and "stream_options": '
+    "{\"include_usage\": true}, which OpenAI's chat completions need to count a stream's tokens).",
+)
+@click.option(
     "--model", default=DEFAULT_MODEL, show_default=True, help="Model of the default body."
 )
 @click.option("--client", type=click.Choice(CLIENT_NAMES), default="aiohttp", show_default=True)
@@ -88,6 +94,7 @@ def probe(
     headers: tuple[str, ...],
     data: str | None,
     stream: bool,
+    include_usage: bool,
     model: str,
     client: str,
     fresh: bool,
@@ -122,7 +129,7 @@ def probe(
     if html_file:
         check_writable(html_file)
     requests_to_send = {
-        url: build_request(url, method, headers, data, stream, model) for url in urls
+        url: build_request(url, method, headers, data, stream, model, include_usage) for url in urls
     }
     options = ProbeOptions(count, concurrency, fresh, timeout, cacert, dns)
     names = shown(urls)  # what the report calls each URL: redacted

@@ -124,6 +124,15 @@ def _streamed(body: bytes) -> bytes:
     return json.dumps(given).encode()
 
 
+def _with_usage(body: bytes) -> bytes:
+    """The body with ``"stream_options": {"include_usage": true}`` (kept when it sets
+    ``stream_options`` itself)."""
+    given = json.loads(body)  # a JSON object: _streamed or the default body made it
+    if "stream_options" not in given:
+        given["stream_options"] = {"include_usage": True}
+    return json.dumps(given).encode()
+
+
 def build_request(
     url: str,
     method: str | None,
@@ -131,11 +140,14 @@ def build_request(
     data: str | None,
     stream: bool,
     model: str,
+    include_usage: bool = False,
 ) -> ProbeRequest:
     """The request to send: method, headers (with an API key from the environment when none
-    is given), and body (a small completion request for a known LLM route when none is given)."""
+    is given), and body (a small completion request for a known LLM route when none is given).
+    ``include_usage``: a stream that carries its usage (OpenAI's ``stream_options``)."""
     headers = [parse_header(h) for h in raw_headers]
     body = read_body(data)
+    stream = stream or include_usage
     path = urlsplit(url).path
     is_llm = path.endswith(_LLM_ROUTES)
     if body is None and is_llm and (method is None or method.upper() == "POST"):
@@ -149,6 +161,8 @@ def build_request(
         body = json.dumps(payload).encode()
     elif body is not None and stream:
         body = _streamed(body)
+    if body is not None and include_usage:
+        body = _with_usage(body)
     names = {name.lower() for name, _ in headers}
     if body is not None and "content-type" not in names:
         headers.append(("Content-Type", "application/json"))

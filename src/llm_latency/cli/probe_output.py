@@ -25,6 +25,7 @@ from llm_latency.cli.render import (
 from llm_latency.cli.results import RequestResult, summarize, summarize_by_status
 from llm_latency.cli.rhythm import endpoint_decode, endpoint_rhythm
 from llm_latency.diagnosis import Finding, diagnose
+from llm_latency.diagnosis.usage_hint import usage_hint
 
 MODES = ("text", "json", "jsonl")
 
@@ -123,7 +124,8 @@ class ProbeOutput:
             finished = f"{done} request that finished" if done == 1 else f"{done} that finished"
             self._lines([f"interrupted: the summary of the {finished}"], "yellow")
         status_tables(self.console, run.results)
-        for line in (endpoint_rhythm(run.results), endpoint_decode(run.results)):
+        hint = usage_hint(run.results, "; probe: --include-usage")
+        for line in (endpoint_rhythm(run.results), endpoint_decode(run.results), hint):
             if line is not None:
                 self._lines(wrap(line, self.console.width, "  ", "    "), "")
         print_findings(self.console, found)

@@ -122,6 +122,8 @@ class RequestResult:
     output_tokens: int | None = None
     time_to_first_token: float | None = None
     time_per_output_token: float | None = None
+    #: A stream with content and no usage (no ``include_usage``).
+    usage_unknown: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """The JSON form of ``probe --json``."""
@@ -157,6 +159,7 @@ class RequestResult:
             output_tokens=attempt.output_tokens,
             time_to_first_token=attempt.time_to_first_token,
             time_per_output_token=attempt.time_per_output_token,
+            usage_unknown=attempt.usage_unknown,
         )
 
 

@@ -103,6 +103,8 @@ class Attempt:
     cached_tokens: int | None = None
     time_to_first_token: float | None = None
     time_per_output_token: float | None = None
+    #: A stream with content and no usage (``llm_latency.usage.unknown``).
+    usage_unknown: bool = False
     server_time_per_output_token_max: float | None = None
     #: The server's own split of its time, where the provider says it (s).
     server_queue: float | None = None

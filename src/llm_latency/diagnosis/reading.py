@@ -143,6 +143,7 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
         cached_tokens=_int(attributes.get(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)),
         time_to_first_token=_float(attributes.get(semconv.TIME_TO_FIRST_TOKEN)),
         time_per_output_token=_float(attributes.get(semconv.TIME_PER_OUTPUT_TOKEN)),
+        usage_unknown=attributes.get(semconv.USAGE_UNKNOWN) is True,
         server_time_per_output_token_max=_float(
             attributes.get(semconv.SERVER_TIME_PER_OUTPUT_TOKEN_MAX)
         ),
