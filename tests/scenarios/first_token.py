@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.scenarios.peers import serving
+
 #: Tokens in each answer, and the pause between two of them (s).
 TOKENS = 20
 TOKEN_GAP = 0.01
@@ -187,14 +189,8 @@ async def first_token_server() -> AsyncIterator[str]:
     app = web.Application()
     for fmt in FORMATS:
         app.router.add_post(fmt.route, handler(fmt))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base:
+        yield base
 
 
 def request_body(fmt: Format, words: int = 30) -> dict[str, Any]:

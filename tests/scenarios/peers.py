@@ -75,12 +75,19 @@ async def pausing_stream(pause: float, chunks: int = 20) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
+    async with serving(app) as base:
+        yield f"{base}/v1/chat/completions"
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """``app`` on a free loopback port; yields its base URL."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1/chat/completions"
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
 
