@@ -32,13 +32,12 @@ async def test_fresh_connection_has_dns_connect_send_wait_receive(
             async with session.post(url, json={"model": "m"}) as response:
                 bodies.append(await response.read())
 
-    request = await served_within(telemetry, send, wait=0.3, receive=0.3)
+    request = await served_within(telemetry, send, wait=0.3, receive=0.3, total=0.8)
     assert bodies[-1].startswith(b"chunk0")
     phases = telemetry.phases(request)
     assert set(phases) == {"dns", "connect", "send", "wait", "receive"}
     assert_about(seconds(phases["dns"]), 0.2)
     assert seconds(phases["connect"]) < SLACK
-    assert_about(seconds(request), 0.8)
     assert span_tree(telemetry.spans()) == [
         {
             "name": "POST /v1/chat/completions",

@@ -33,12 +33,11 @@ async def test_fresh_connection_phases(telemetry: Telemetry, server: LLMServer, 
         async with Client(kind) as client:
             bodies.append((await client.request("POST", url, json={"m": 1})).body)
 
-    request = await served_within(telemetry, send, wait=0.3, receive=0.3)
+    request = await served_within(telemetry, send, wait=0.3, receive=0.3, total=0.6)
     assert bodies[-1].startswith(b"chunk0")
     phases = telemetry.phases(request)
     # "localhost" resolves from /etc/hosts: quick, but a lookup all the same.
     assert set(phases) == {"dns", "connect", "send", "wait", "receive"}
-    assert_about(seconds(request), 0.6)
     assert attributes(request)["server.port"] == server.port
     assert span_tree(telemetry.spans()) == [
         {
