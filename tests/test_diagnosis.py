@@ -44,6 +44,7 @@ from llm_latency.diagnosis.findings import P50, WALL, duration, percentile
 from llm_latency.diagnosis.rate_limits import RETRY_WAIT_MIN_EXCESS, RETRY_WAIT_MIN_EXCESS_SHARE
 from llm_latency.diagnosis.records import Phase
 from llm_latency.testing import LocalDNS, Profile, running
+from tests.attributes import attributes, float_attr
 from tests.checks import EARLY, TRIES
 from tests.command_line import mock_server
 from tests.conftest import Telemetry
@@ -427,6 +428,9 @@ async def test_stream_stall(telemetry: Telemetry, stall: float) -> None:
 # -- the program's own event loop ------------------------------------------------------------
 
 
+SERVER_TIME = "llm_latency.server.processing_time"
+
+
 @pytest.mark.parametrize("blocked", [True, False], ids=["blocked loop", "idle loop"])
 async def test_event_loop_lag(telemetry: Telemetry, blocked: bool) -> None:
     """The mock server runs in its own process: blocking this loop does not delay it."""
@@ -451,9 +455,8 @@ async def test_event_loop_lag(telemetry: Telemetry, blocked: bool) -> None:
     assert "the event loop was blocked for" in found.cause
     # openai-processing-ms: the mock server's own time, the 0.2 s it injected and what a loaded
     # machine added to its process; the cause names the p50 of what the server said
-    servers = [float(span.attributes["llm_latency.server.processing_time"])
-               for span in telemetry.spans() if span.attributes
-               and "llm_latency.server.processing_time" in span.attributes]  # fmt: skip
+    servers = [float_attr(span, SERVER_TIME) for span in telemetry.spans()
+               if SERVER_TIME in attributes(span)]  # fmt: skip
     assert len(servers) == 10 and min(servers) >= 0.2 - EARLY, servers
     said = f"the provider answered in {duration(percentile(servers, 50))} at p50"
     assert said in found.cause, (servers, found.cause)
