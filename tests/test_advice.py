@@ -18,8 +18,12 @@ a case needs times no loopback run gives (a lookup 15 s after the last).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import aiohttp
+import httpx
 import pytest
+import requests
 
 from llm_latency import diagnose
 from llm_latency.diagnosis import Attempt, Call, Finding, SpanRecord, calls_from_spans
@@ -40,6 +44,7 @@ from tests.scenarios.client_programs import (
     httpx_calls,
     requests_calls,
 )
+from tests.scenarios.programs import BODY
 
 
 def found(findings: list[Finding], rule: str) -> Finding:
@@ -88,6 +93,72 @@ def test_a_burst_of_lookups_is_not_told_to_keep_the_cache_on() -> None:
     assert "nearer or local caching resolver" in finding.fix
     assert f"{AT_ONCE - 1} began while a lookup of the same name was in flight" in finding.cause
     assert finding.saving is None and finding.change is None
+
+
+async def _aiohttp_closing(target: Target, n: int, **closing: Any) -> None:
+    """``n`` calls one after another through one ``aiohttp.ClientSession`` for the program's
+    life, its DNS cache off, whose connections close after each request: ``force_close=True``
+    on the connector, or ``headers``."""
+    headers = closing.pop("headers", None)
+    connector = aiohttp.TCPConnector(use_dns_cache=False, ssl=target.context(), **closing)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+        for _ in range(n):
+            async with session.post(target.url, json=BODY) as response:
+                await response.read()
+
+
+def _httpx_closing(target: Target, n: int, **closing: Any) -> None:
+    """``n`` calls one after another through one ``httpx.Client``, with the ``headers`` or
+    ``limits`` that close its connections after each request."""
+    with httpx.Client(verify=target.context(), timeout=30, **closing) as client:
+        for _ in range(n):
+            client.post(target.url, json=BODY)
+
+
+def _requests_closing(target: Target, n: int, **closing: Any) -> None:
+    """``n`` calls one after another through one ``requests.Session`` with the ``headers``."""
+    with requests.Session() as session:
+        session.headers.update(closing["headers"])
+        for _ in range(n):
+            session.post(target.url, json=BODY, verify=target.ca_file or True, timeout=30).close()
+
+
+CLOSE = {"headers": {"Connection": "close"}}
+
+
+@pytest.mark.parametrize(
+    ("send", "closing", "setting", "change"),
+    [
+        pytest.param(_aiohttp_closing, {"force_close": True}, "force_close=True",
+                     "aiohttp.TCPConnector(force_close=False)", id="aiohttp force_close"),
+        pytest.param(_aiohttp_closing, CLOSE, "Connection: close", None,
+                     id="aiohttp Connection: close"),
+        pytest.param(_httpx_closing, CLOSE, "Connection: close", None,
+                     id="httpx Connection: close"),
+        pytest.param(_httpx_closing, {"limits": httpx.Limits(max_keepalive_connections=0)},
+                     "max_keepalive_connections=0",
+                     "httpx.Limits(max_keepalive_connections=1)",
+                     id="httpx max_keepalive_connections=0"),
+        pytest.param(_requests_closing, CLOSE, "Connection: close", None,
+                     id="requests Connection: close"),
+    ],
+)  # fmt: skip
+def test_a_reused_client_that_closes_its_connections_is_told_the_setting(
+    send: Callable[..., object], closing: dict[str, Any], setting: str, change: str | None
+) -> None:
+    """One client for the program's life whose connections close after each request (the usual
+    workaround for "Server disconnected"): every request opens a connection again. Reusing the
+    client is what the program already does; the fix names the setting that closes them."""
+
+    def program(config: Config, target: Target, n: int) -> object:
+        return send(target, n, **closing)
+
+    findings = diagnose(run(distant(program, sync=send is not _aiohttp_closing), Config()))
+    top = findings[0]
+    assert top.rule == "new-connections", [f.rule for f in findings]
+    assert setting in top.cause and setting in top.fix, top
+    assert "for the program's life" not in top.fix
+    assert (None if top.change is None else top.change.call()) == change
 
 
 def _looked_up(start: float, dns: float, client: str) -> Attempt:

@@ -46,6 +46,7 @@ def record(
                 **{
                     "protocol_version": None,
                     "reused": None,
+                    "closed_by": None,
                     "peer_address": None,
                     "proxy_url": None,
                     **(timeline or {}),
@@ -106,6 +107,7 @@ def test_every_end_attribute_in_the_tables_order() -> None:
             timeline={
                 "protocol_version": "2",
                 "reused": True,
+                "closed_by": "Connection: close",
                 "peer_address": "192.0.2.7",
                 "proxy_url": "http://user:secret@proxy.test:3128/path",
             },
@@ -117,6 +119,7 @@ def test_every_end_attribute_in_the_tables_order() -> None:
         ("http.response.status_code", 503),
         ("network.protocol.version", "2"),
         ("llm_latency.connection.reused", True),
+        ("llm_latency.connection.closed_by", "Connection: close"),
         ("network.peer.address", "192.0.2.7"),
         ("llm_latency.proxy.url", "http://proxy.test:3128"),  # never its user or password
         ("http.request.resend_count", 2),

@@ -131,6 +131,7 @@ class Run:
         end_ms: float | None = None,
         error: BaseException | None = None,
         reused: bool | None = None,
+        closed_by: str | None = None,
         proxy: str | None = None,
         resend_count: int = 0,
         client: str = "golden",
@@ -149,6 +150,7 @@ class Run:
         self.emitter.start(timeline, host, int(port) if port else None, "/" + path, carrier)
         timeline.protocol_version = "1.1"
         timeline.reused = reused
+        timeline.closed_by = closed_by
         timeline.peer_address = "192.0.2.7"
         timeline.proxy_url = proxy
         for name, start, end in phases:
@@ -379,11 +381,11 @@ def scenarios(run: Run) -> None:
         [("connect", 3000, -1)], error=ConnectionRefusedError(111, "Connection refused"),
         end_ms=3004, proxy="http://proxyuser:pw@proxy.test:3128",
     )  # fmt: skip
-    # An unknown method, a server error, no body.
+    # An unknown method, a server error, no body, on a connection closed after it.
     run.attempt(
         "PURGE", "http://cache.test/v1/models", 4000,
         [("connect", 4000, 4001), ("send", 4001, 4002), ("wait", 4002, 4010)],
-        status=503, reused=False,
+        status=503, reused=False, closed_by="force_close=True",
     )  # fmt: skip
 
 

@@ -54,6 +54,7 @@ END_ATTRIBUTES: Final = (
     Row(semconv.QUEUE_TIME, "facts.queue_time"),
     Row(semconv.NETWORK_PROTOCOL_VERSION, "timeline.protocol_version", NONZERO),
     Row(semconv.CONNECTION_REUSED, "timeline.reused"),
+    Row(semconv.CONNECTION_CLOSED_BY, "timeline.closed_by"),
     Row(semconv.NETWORK_PEER_ADDRESS, "timeline.peer_address"),
     Row(semconv.PROXY_URL, "timeline.proxy_url", proxy_origin),
     Row(semconv.HTTP_REQUEST_RESEND_COUNT, "resend_count", NONZERO),

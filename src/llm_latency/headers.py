@@ -206,6 +206,17 @@ def parse_reset(value: str | None) -> float | None:
     return left if left >= 0 else None
 
 
+#: ``llm_latency.connection.closed_by`` of a request that asks for its connection to close.
+CONNECTION_CLOSE: Final = "Connection: close"
+
+
+def asks_to_close(request_headers: Any) -> bool:
+    """Whether ``request_headers`` (a mapping with ``get``, case-insensitive where the client's
+    is) carry ``Connection: close``: the server closes the connection after its answer."""
+    value = request_headers.get("Connection") or request_headers.get("connection")
+    return isinstance(value, (str, bytes)) and value.strip().lower() in ("close", b"close")
+
+
 def request_resend_count(request_headers: Any) -> int:
     """The resend count an SDK's retry-count header in ``request_headers`` gives (any mapping
     with ``get``, case-insensitive where the client's is), 0 when there is none."""

@@ -102,6 +102,10 @@ SERVER_GATEWAY_OVERHEAD: Final = "llm_latency.server.gateway_overhead"
 
 PHASE: Final = "llm_latency.phase"
 CONNECTION_REUSED: Final = "llm_latency.connection.reused"
+#: The client's setting that closed the attempt's connection after it, so that the next request
+#: opens one again: ``force_close=True`` (aiohttp's connector), ``Connection: close`` (a request
+#: header), ``max_keepalive_connections=0`` (httpx's limits).
+CONNECTION_CLOSED_BY: Final = "llm_latency.connection.closed_by"
 #: The proxy an attempt went through: ``scheme://host:port``, never its credentials.
 PROXY_URL: Final = "llm_latency.proxy.url"
 SERVER_PROCESSING_TIME: Final = "llm_latency.server.processing_time"

@@ -77,6 +77,7 @@ class Timeline:
         "body",
         "chunks",
         "client",
+        "closed_by",
         "end_ns",
         "ended",
         "epoch_start_ns",
@@ -118,6 +119,9 @@ class Timeline:
         self.protocol_version: str | None = None
         self.response_headers: RawHeaders | None = None
         self.reused: bool | None = None
+        #: The client's setting that closes the connection after the attempt (the adapter
+        #: names it: ``force_close=True``, ``Connection: close``), when one does.
+        self.closed_by: str | None = None
         #: The address the connection went to (the proxy's when proxied), once known.
         self.peer_address: str | None = None
         #: The proxy the attempt went through, as the client was given it (credentials and

@@ -66,7 +66,7 @@ from llm_latency.adapters._aiohttp_connection import (
 from llm_latency.adapters._hooks import SKIP, Hook, Tap, phase_hook
 from llm_latency.adapters._patching import PatchSet, Unavailable
 from llm_latency.emitter import Emitter
-from llm_latency.headers import request_resend_count
+from llm_latency.headers import CONNECTION_CLOSE, asks_to_close, request_resend_count
 from llm_latency.timeline import CONNECT, DNS, QUEUE, TLS, Timeline
 
 _SESSION: Final = "aiohttp.client:ClientSession"
@@ -210,6 +210,10 @@ class AiohttpAdapter:
         attempt.resend_count = call.attempts + request_resend_count(req.headers)
         if req.proxy is not None:
             attempt.proxy_url = str(req.proxy)
+        if conn.force_close:
+            attempt.closed_by = "force_close=True"
+        elif asks_to_close(req.headers):
+            attempt.closed_by = CONNECTION_CLOSE
         call.attempts += 1
         call.last = self._emitter.start(
             attempt,

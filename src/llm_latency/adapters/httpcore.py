@@ -41,13 +41,24 @@ from llm_latency.adapters._httpcore_trace import AsyncTrace, SyncTrace, note_pee
 from llm_latency.adapters._patching import PatchSet, Unavailable
 from llm_latency.adapters._resolver import connecting, resolver_hooks
 from llm_latency.emitter import Emitter
-from llm_latency.headers import RETRY_COUNT_HEADERS, resend_count
+from llm_latency.headers import CONNECTION_CLOSE, RETRY_COUNT_HEADERS, resend_count
 from llm_latency.pools import ConnectionLifetimes, HostPort, PoolMetrics, PoolRow, limit_or_none
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import QUEUE, Timeline
 
 _RETRY_COUNT_NAMES = frozenset(name.encode() for name in RETRY_COUNT_HEADERS)
 _DEFAULT_PORTS = {b"http": 80, b"https": 443, b"ws": 80, b"wss": 443}
+
+
+def _closed_by(pool: Any, headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The setting that closes the attempt's connection after it: a pool that keeps no idle
+    connection, or a ``Connection: close`` request header."""
+    if getattr(pool, "_max_keepalive_connections", None) == 0:
+        return "max_keepalive_connections=0"
+    for name, value in headers:
+        if name.lower() == b"connection" and value.strip().lower() == b"close":
+            return CONNECTION_CLOSE
+    return None
 
 
 def _retry_count(headers: list[tuple[bytes, bytes]]) -> int:
@@ -222,6 +233,7 @@ class HttpcoreAdapter:
             f"{scheme.decode('ascii', 'replace')}://{netloc}{target}",
         )
         attempt.resend_count = _retry_count(request.headers)
+        attempt.closed_by = _closed_by(pool, request.headers)
         proxy = getattr(pool, "_proxy_url", None)
         if proxy is not None:
             attempt.proxy_url = _origin_url(proxy)

@@ -58,7 +58,7 @@ from llm_latency.adapters._urllib3_pool import CONNECTION, POOL, pool_hooks
 from llm_latency.calls import LogicalCall, current_call
 from llm_latency.clock import clock_ns
 from llm_latency.emitter import Emitter
-from llm_latency.headers import request_resend_count
+from llm_latency.headers import CONNECTION_CLOSE, asks_to_close, request_resend_count
 from llm_latency.suppression import tracing_allowed
 from llm_latency.timeline import CONNECT, PROXY, QUEUE, SEND, TLS, WAIT, Timeline
 
@@ -202,10 +202,10 @@ class RequestsAdapter:
         headers = argument(args, kwargs, _HEADERS_AT, "headers")
         timeline = Timeline(method, _full_url(pool, url))
         timeline.client = "urllib3"
-        timeline.resend_count = _resend_count(
-            argument(args, kwargs, _RETRIES_AT, "retries"),
-            pool.headers if headers is None else headers,
-        )
+        sent = pool.headers if headers is None else headers
+        timeline.resend_count = _resend_count(argument(args, kwargs, _RETRIES_AT, "retries"), sent)
+        if asks_to_close(sent):
+            timeline.closed_by = CONNECTION_CLOSE
         if pool.proxy is not None:
             timeline.proxy_url = pool.proxy.url
         attempt = Attempt(timeline, self._emitter)

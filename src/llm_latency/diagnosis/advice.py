@@ -95,6 +95,50 @@ def reuse_text(fix: Fix | None) -> str:
     )
 
 
+def closing_setting(attempts: Sequence[Attempt]) -> str | None:
+    """The client setting that closed most of the attempts' connections after them
+    (``llm_latency.connection.closed_by``), or None."""
+    counts = Counter(a.closed_by for a in attempts if a.closed_by)
+    if not counts:
+        return None
+    setting, count = counts.most_common(1)[0]
+    return setting if 2 * count >= len(attempts) else None
+
+
+def keep_alive_fix(attempts: Sequence[Attempt], setting: str, needed: int) -> Fix | None:
+    """The setting that keeps the connections open instead of ``setting``, which closes each
+    after its request (``needed``: the connections the concurrency needs); None for a request
+    header, which no client setting turns off."""
+    name = client_of(attempts)
+    if setting == "force_close=True":
+        return Fix("aiohttp", "aiohttp.TCPConnector", CONFIGURE, (("force_close", False),))
+    if setting == "max_keepalive_connections=0" and name in ("httpx", "httpx2"):
+        settings = (("max_keepalive_connections", max(needed, 1)),)
+        return Fix(name, f"{name}.Limits", CONFIGURE, settings)
+    return None
+
+
+def keep_alive_text(setting: str, fix: Fix | None) -> str:
+    """The fix of a client that is reused but closes its connections, in words: it names the
+    setting at fault (reusing the client is what the program already does)."""
+    if fix is None:
+        return (
+            f"stop sending {setting} on every request (from the program's or its client's "
+            "default headers): the client is reused, but the header makes the server close the "
+            "connection after each answer, so the next request opens one again"
+        )
+    why = (
+        'against "Server disconnected" on an idle connection, retry that error or set '
+        "keepalive_timeout below the server's idle timeout instead"
+        if setting == "force_close=True"
+        else "the pool then keeps that many idle connections for the next requests"
+    )
+    return (
+        f"the client is reused, but {setting} closes each connection after its request: "
+        f"{fix.text()} keeps them alive ({why})"
+    )
+
+
 # -- the pool's limits ---------------------------------------------------------------------------
 
 

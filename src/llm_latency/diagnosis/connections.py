@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from llm_latency.diagnosis.advice import reuse_fix, reuse_text
+from llm_latency.diagnosis.advice import (
+    closing_setting,
+    keep_alive_fix,
+    keep_alive_text,
+    reuse_fix,
+    reuse_text,
+)
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
 from llm_latency.diagnosis.measured import (
     MIN_REQUESTS,
@@ -80,15 +86,26 @@ def new_connections(calls: Sequence[Call]) -> Finding | None:
         len(attempts),
         needed=MIN_REQUESTS,
     )
-    change = reuse_fix(calls, excess)
     gone = {id(a): a.connection_setup for a in excess}
     saving = seen_saving(calls, removed_per_call(calls, gone))
+    cause = (
+        f"{len(excess)} of {poolable} requests that could have used a pooled connection "
+        "opened a new one, paying DNS, TCP and TLS again"
+    )
+    # A client that is reused but closes its connections: the setting at fault is the fix.
+    setting = closing_setting(excess)
+    if setting is None:
+        change = reuse_fix(calls, excess)
+        fix = reuse_text(change)
+    else:
+        change = keep_alive_fix(excess, setting, len(attempts) - poolable)
+        fix = keep_alive_text(setting, change)
+        cause += f": the client closed each connection after its request ({setting})"
     return Finding(
         rule="new-connections",
-        cause=f"{len(excess)} of {poolable} requests that could have used a pooled connection "
-        "opened a new one, paying DNS, TCP and TLS again",
+        cause=cause,
         evidence=evidence,
-        fix=reuse_text(change),
+        fix=fix,
         saving=saving or Saving(evidence.p50, evidence.p95, len(excess)),
         change=change,
     )
@@ -128,7 +145,7 @@ def slow_connect(calls: Sequence[Call]) -> Finding | None:
         )
         needs = "the one" if len(kept) == 1 else f"the {len(kept)}"
         fix = (
-            f"reuse one client (new-connections) to remove {len(claimed)} of the handshakes; "
+            f"apply new-connections' fix to remove {len(claimed)} of the handshakes; "
             f"for {needs} the concurrency needs, {nearer}"
         )
     else:

@@ -76,6 +76,9 @@ class Attempt:
     error: str | None = None  # error.type, unless it is just the status code
     failed_phase: str | None = None
     reused: bool | None = None
+    #: The client's setting that closed the connection after the attempt
+    #: (``llm_latency.connection.closed_by``: ``force_close=True``, ``Connection: close``).
+    closed_by: str | None = None
     request_id: str | None = None
     server_processing: float | None = None
     network_overhead: float | None = None

@@ -117,6 +117,7 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
         error=None if error is None or str(error) == str(status) else str(error),
         failed_phase=_first(attributes.get(semconv.FAILED_PHASE)),
         reused=_bool(attributes.get(semconv.CONNECTION_REUSED)),
+        closed_by=_first(attributes.get(semconv.CONNECTION_CLOSED_BY)),
         request_id=next(
             (rid for name in REQUEST_ID_HEADERS if (rid := _header(attributes, name))), None
         ),
