@@ -31,13 +31,15 @@ REQUEST_ID = r"req_[0-9a-f]{24}"
 MS = r"[\d.]+ (?:µs|ms)"
 
 
-def run_app(base_url: str, *prefix: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run_app(
+    base_url: str, *prefix: str, app: Path = APP, **env: str
+) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     environment.pop("COLUMNS", None)  # written to a pipe: lines are not broken
     environment.update(OTEL_TRACES_EXPORTER="llm_latency_console", OTEL_METRICS_EXPORTER="none")
     environment.update(env)
     return subprocess.run(
-        [*prefix, sys.executable, str(APP), base_url],
+        [*prefix, sys.executable, str(app), base_url],
         capture_output=True, text=True, env=environment, timeout=60, check=False,
     )  # fmt: skip
 
@@ -57,7 +59,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "the program's own output\n"  # the trees go to stderr
     assert "sk-never-printed" not in result.stderr
-    first, second = blocks(result.stderr)
+    first, second, found = blocks(result.stderr)
     assert re.fullmatch(rf"{call_name} +0 µs \+ +{MS}  attempts=1", first[0]), first[0]
     assert re.fullmatch(
         rf"  POST /v1/chat/completions +{MS} \+ +{MS}  status_code=200 connection=new "
@@ -67,7 +69,7 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     assert [line.split()[0] for line in first[2:6]] == [
         "http.connect", "http.send", "http.wait", "http.receive"
     ]  # fmt: skip
-    assert first[6].startswith("→ ")  # its findings (which ones depends on the timing)
+    assert len(first) == 6  # no findings after each call: those of the calls come after them
 
     assert re.fullmatch(rf"{call_name} +0 µs \+ +{MS}  attempts=2 backoff={MS}", second[0])
     assert re.fullmatch(
@@ -89,8 +91,14 @@ def check_rate_limited_run(result: subprocess.CompletedProcess[str], call_name: 
     ), second[6]
     assert [line.split()[0] for line in second[7:10]] == ["http.send", "http.wait", "http.receive"]
     # The rate-limits finding, in the form the wait as measured calls for (refused_once).
-    forms = refused_once(0.25, float(backoff.group(1)) / 1e3)
-    assert any(line.startswith(tuple(forms)) for line in second[10:]), (forms, second)
+    assert len(second) == 10
+    # Over both calls' three attempts (refused_once's forms are of one call's two).
+    forms = {
+        form.replace("1 of 2 attempts", "1 of 3 attempts")
+        for form in refused_once(0.25, float(backoff.group(1)) / 1e3)
+    }
+    assert found[0] == "llm-latency: findings over the last 2 calls:"
+    assert any(line.startswith(tuple(forms)) for line in found[1:]), (forms, found)
     ids = re.findall(REQUEST_ID, "\n".join(first + second))
     assert len(ids) == len(set(ids)) == 3  # each attempt's own
 
@@ -216,15 +224,16 @@ async def test_a_call_split_over_exports_is_printed_once(
     )
     await client.close()
     telemetry.tracer_provider.force_flush()
-    (block,) = blocks(out.getvalue())
-    assert [re.split(r"\s{2,}", line.strip())[0] for line in block[:11]] == [
+    block, found = blocks(out.getvalue())
+    assert [re.split(r"\s{2,}", line.strip())[0] for line in block] == [
         "openai chat.completions",
         "POST /v1/chat/completions", "http.connect", "http.send", "http.wait", "http.receive",
         "retry.backoff",
         "POST /v1/chat/completions", "http.send", "http.wait", "http.receive",
     ]  # fmt: skip
     assert "request_id=req_429" in block[1] and "request_id=req_openai_1" in block[7]
-    assert any(line.startswith("→ 1 of 2 attempts were rate limited") for line in block[11:])
+    assert found[0] == "llm-latency: findings over the last call:"
+    assert found[1].startswith("→ 1 of 2 attempts were rate limited")
 
 
 async def test_calls_under_a_program_span_wait_for_it(
@@ -280,7 +289,36 @@ async def test_shutdown_prints_what_is_held(telemetry: Telemetry, server: LLMSer
             await response.read()
         assert out.getvalue() == ""
         processor.shutdown()
-        (block,) = blocks(out.getvalue())
+        block, (at_exit,) = blocks(out.getvalue())
         assert block[0].split()[0] == "GET" and block[1].split()[0] == "GET"
+        assert at_exit == "llm-latency: no findings over the last call, at exit"
     assert not job.is_recording()
-    assert len(blocks(out.getvalue())) == 1  # nothing after the shutdown
+    assert len(blocks(out.getvalue())) == 2  # nothing after the shutdown
+
+
+# -- findings across calls -----------------------------------------------------------------------
+
+#: 30 requests at once through an aiohttp pool of 5 per host (tests/programs/pool_burst.py).
+BURST = Path(__file__).parent / "programs" / "pool_burst.py"
+POOL_QUEUE = re.compile(r"→ (\d+) requests waited for a free connection: (\d+) were in flight")
+
+
+def test_a_burst_through_a_small_pool_is_diagnosed_across_its_calls() -> None:
+    """The seed's aiohttp program under the console exporter: 30 requests at once, a pool of 5
+    per host, a server that answers in 300 ms, so 25 requests wait for a connection. Each call
+    alone shows a wait, none why: the findings come from the calls of the window, once when
+    they appear (not after each call), and at exit with what all 30 show."""
+    with mock_server("--ttfb", "0.3", "--tokens", "1") as mock:
+        result = run_app(mock.url, app=BURST)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "the program's own output\n"
+    assert "no findings" not in result.stderr
+    calls = re.findall(r"^POST .* attempts=1$", result.stderr, re.MULTILINE)
+    assert len(calls) == 30, result.stderr
+    found = POOL_QUEUE.findall(result.stderr)
+    assert 1 <= len(found) <= 2, result.stderr  # when it appears, and at exit if it grew
+    assert found[-1] == ("25", "30"), result.stderr  # at the end, over all 30 calls
+    lines = result.stderr.splitlines()
+    last = max(i for i, line in enumerate(lines) if POOL_QUEUE.match(line))
+    assert "aiohttp.TCPConnector(limit=30, limit_per_host=30)" in " ".join(lines[last:])
+    assert len(re.findall(r"^→ ", result.stderr, re.MULTILINE)) < 10  # never one per call

@@ -59,6 +59,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.zero_code",
         "llm_latency.export_health",
         "llm_latency.call_tree",
+        "llm_latency.console_findings",
         "llm_latency.trace_files",
         "llm_latency.trace_json",
         "llm_latency.diagnosis",

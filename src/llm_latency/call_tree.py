@@ -1,5 +1,6 @@
 """Calls as compact text trees, with their findings: what ``llm-latency explain`` and the
-``llm_latency_console`` span exporter print, from one function (:func:`report`).
+``llm_latency_console`` span exporter print: :func:`tree` for the calls, then
+:func:`finding_lines` for the findings of :func:`llm_latency.diagnose`.
 
 Each line is a span of the call: its name (indented by depth), its start as an offset from the
 first call's start, ``+`` its duration, then its facts::
@@ -31,7 +32,6 @@ from typing import TextIO
 from urllib.parse import urlsplit
 
 from llm_latency import semconv
-from llm_latency.diagnosis import diagnose
 from llm_latency.diagnosis.findings import NBSP, Finding, duration, keep_units
 from llm_latency.diagnosis.records import Attempt, Backoff, Call
 from llm_latency.diagnosis.usage_hint import usage_hint
@@ -163,14 +163,14 @@ def finding_lines(findings: Sequence[Finding], width: int | None = None) -> list
     return lines
 
 
-def report(
+def calls_with_hint(
     calls: Sequence[Call], origin_ns: int | None = None, width: int | None = None
 ) -> list[str]:
-    """The trees of ``calls``, then the findings of :func:`llm_latency.diagnose` for them; no
+    """The trees of ``calls``, then the hint of a stream that carried no usage, if any; no
     line longer than ``width`` when one is given."""
     hint = usage_hint(a for call in calls for a in call.attempts)
     hints = _wrap(hint, width, "", "  ") if hint is not None else []
-    return tree(calls, origin_ns, width) + hints + finding_lines(diagnose(calls), width)
+    return tree(calls, origin_ns, width) + hints
 
 
 def columns_for(out: TextIO) -> int | None:

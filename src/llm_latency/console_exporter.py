@@ -3,15 +3,18 @@
 A development exporter: ``OTEL_TRACES_EXPORTER=llm_latency_console python app.py`` (with
 ``llm_latency.instrument()`` in the program) prints every LLM call the program makes as the
 compact tree of :mod:`llm_latency.call_tree` (the call, its attempts with their phases and the
-backoffs between them; offsets, durations and request ids), then the findings for that call.
-It writes to **stderr**, so that the program's own output on stdout stays as it was.
+backoffs between them; offsets, durations and request ids). The findings are those of the calls
+of a window, each printed once, when it appears, and at exit
+(:mod:`llm_latency.console_findings`): what only many calls show (a burst through a small pool)
+is found, and a healthy call is followed by nothing. It writes to **stderr**, so that the
+program's own output on stdout stays as it was.
 
 The spans of one call reach an exporter in several batches (children end before their parents,
 and a batch may end anywhere), so spans are held by trace until the call is known to be over:
 its logical parent ended (llm-latency's SDK call span, ``llm_latency.retry``'s span, a GenAI
 span or the program's own span), or it has no local parent, or the trace's local root ended.
 At most :data:`MAX_BUFFERED_SPANS` are held: past that, the oldest trace is printed as it is.
-Whatever is still held is printed at shutdown.
+Whatever is still held is printed at shutdown, then the window's findings.
 
 The lines fit the terminal: ``COLUMNS`` when set, else the width of the terminal the output
 goes to; written to a file or a pipe, lines are not broken.
@@ -29,7 +32,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from llm_latency import forks, semconv
-from llm_latency.call_tree import columns_for, report
+from llm_latency.call_tree import calls_with_hint, columns_for
+from llm_latency.console_findings import FindingsWindow
 from llm_latency.diagnosis.records import (
     Call,
     SpanRecord,
@@ -59,6 +63,7 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
         self._traces: OrderedDict[str, dict[str, SpanRecord]] = OrderedDict()
         self._held = 0
         self._closed = False
+        self._findings = FindingsWindow()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Hold the spans; print each call whose spans have all arrived."""
@@ -94,17 +99,30 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
                     self._held += 1
                 else:
                     others.setdefault(record.trace_id, []).append(record)
+            finished: list[Call] = []
             for trace_id in [t for t in self._traces if t in touched]:
-                blocks += self._take_finished(trace_id, others.get(trace_id, []), trace_id in roots)
+                finished += self._take_finished(
+                    trace_id, others.get(trace_id, []), trace_id in roots
+                )
             while self._held > MAX_BUFFERED_SPANS and self._traces:
-                blocks += self._take_finished(next(iter(self._traces)), [], everything=True)
+                finished += self._take_finished(next(iter(self._traces)), [], everything=True)
+            blocks = self._blocks(finished)
         return blocks
+
+    def _blocks(self, finished: list[Call], at_exit: bool = False) -> list[list[str]]:
+        """The tree of each finished call, then the findings that appear with them."""
+        width = columns_for(self._out if self._out is not None else sys.stderr)
+        blocks = [calls_with_hint([call], width=width) for call in finished]
+        findings = self._findings.add(finished, width)
+        if at_exit:
+            findings += self._findings.at_exit(width)
+        return [*blocks, findings] if findings else blocks
 
     def _take_finished(
         self, trace_id: str, others: list[SpanRecord], everything: bool
-    ) -> list[list[str]]:
-        """Report the calls of ``trace_id`` that are over and forget their spans; with
-        ``everything``, report every call and forget the whole trace."""
+    ) -> list[Call]:
+        """The calls of ``trace_id`` that are over, their spans forgotten; with ``everything``,
+        every call, and the whole trace forgotten."""
         held = self._traces[trace_id]
         records = {**{r.span_id: r for r in others}, **held}
         finished = []
@@ -118,8 +136,7 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
         self._held -= len(gone)
         if not held:
             del self._traces[trace_id]
-        width = columns_for(self._out if self._out is not None else sys.stderr)
-        return [report([call], width=width) for call in finished]
+        return finished
 
     def _write(self, blocks: list[list[str]]) -> None:
         if not blocks:
@@ -133,11 +150,17 @@ class LLMLatencyConsoleSpanExporter(SpanExporter):
             pass
 
     def shutdown(self) -> None:
-        """Print every call still held, then refuse further exports."""
+        """Print every call still held and the findings of the window at exit, then refuse
+        further exports."""
         with self._lock:
-            blocks: list[list[str]] = []
+            finished: list[Call] = []
             while self._traces:
-                blocks += self._take_finished(next(iter(self._traces)), [], everything=True)
+                finished += self._take_finished(next(iter(self._traces)), [], everything=True)
+            try:
+                blocks = self._blocks(finished, at_exit=True)
+            except Exception:  # never break the program's exit over what it prints
+                _logger.exception("llm-latency: the console exporter could not show these spans")
+                blocks = []
             self._closed = True
         self._write(blocks)
 
