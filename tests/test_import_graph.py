@@ -62,6 +62,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.console_findings",
         "llm_latency.trace_files",
         "llm_latency.trace_json",
+        "llm_latency.jaeger_query",
         "llm_latency.diagnosis",
     ),
     # OpenTelemetry's private internals, read in this one module (tests/test_otel_internals.py)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.command_line import run_cli_process
 from tests.e2e.bundle import ADDRESSES, HELM, get_json, wait_for
 from tests.e2e.conftest import Run, Workload, report, start_workload
 
@@ -145,3 +146,23 @@ def test_healthy_fast_traces_are_sampled_at_the_configured_rate(
         f"tail sampling: kept {kept} of {len(healthy)} healthy traces (expected {mean:.0f}),"
         " every error and slow trace whole"
     )
+
+
+def test_explain_jaeger_warns_that_the_traces_were_tail_sampled(
+    run: Run, decided: dict[str, list[dict[str, Any]]]
+) -> None:
+    """The gateway's kept traces read back with ``explain --jaeger --tail-sampled``: the output
+    says first that they are a biased sample, and calls each share of time the kept traces',
+    never the service's. (The gateway records the policy that kept a trace only on its spans'
+    scope, under a feature gate, and Jaeger does not store scope attributes: the spans in
+    Jaeger cannot say so themselves.)"""
+    result = run_cli_process(
+        "explain", "--jaeger", run.bundle.url("jaeger", 16686), "--service", "e2e-sampling",
+        "--since", "1h", "--tail-sampled", timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("warning: these traces were tail-sampled (--tail-sampled)"), first
+    assert "% of the time" not in result.stdout
+    assert "of the kept traces' time" in result.stdout
+    report(f"explain --jaeger on tail-sampled traces: {first[:120]}")
