@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from llm_latency.call_tree import report
+from llm_latency.call_tree import calls_with_hint
 from llm_latency.diagnosis import as_calls, from_readable_spans
 from tests.command_line import mock_server, run_cli
 from tests.conftest import Telemetry
@@ -29,7 +29,7 @@ async def provider() -> AsyncIterator[ProviderServer]:
 
 def _printed(telemetry: Telemetry) -> str:
     calls = as_calls(from_readable_spans(telemetry.spans()))
-    return "\n".join(report(calls))
+    return "\n".join(calls_with_hint(calls))
 
 
 async def test_the_console_tree_says_how_to_get_the_usage(
