@@ -669,6 +669,16 @@ def test_a_connection_handed_over_is_no_larger_pool() -> None:
     assert "httpx" not in found.fix and "HTTPAdapter" not in found.fix  # only the client in use
 
 
+def test_a_long_burst_is_counted_in_flight_whatever_its_waves() -> None:
+    """Sixty at once through five connections, 0.1 s each: twelve waves, so that most requests
+    spend far longer queued than served. All sixty were in flight at once for a whole service
+    time: the level a hand-over never reaches, however long the queue made the median request
+    (a burst of 30 on a loaded machine was told "1 were in flight")."""
+    attempts = [_attempt(0.0, wave * 0.1, 0.1) for wave in range(12) for _ in range(5)]
+    found = finding(diagnose([Call("c", 0, 1.2, attempts)]), "pool-queue")
+    assert "60 were in flight at once on a pool that served 5 at a time" in found.cause
+
+
 def test_a_queue_that_was_the_loop_s_stall_is_not_the_pool_s() -> None:
     """The same queue, all of it the program's own stall (per-phase lag): no pool finding."""
     attempts = [_attempt(0.0, 0.0, 0.1), _attempt(0.0, 0.0, 0.1)]

@@ -46,7 +46,9 @@ def excess_connections(attempts: Sequence[Attempt]) -> tuple[list[Attempt], int]
     excess: list[Attempt] = []
     poolable = 0
     for same_host in by_host(attempts).values():
-        needed = sustained_peak([interval(a) for a in same_host])
+        needed = sustained_peak(
+            [interval(a) for a in same_host], [interval(a, True) for a in same_host]
+        )
         fresh = sorted((a for a in same_host if a.opened_connection), key=lambda a: a.start_ns)
         excess += fresh[needed:]
         poolable += max(len(same_host) - needed, 0)

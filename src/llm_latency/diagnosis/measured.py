@@ -68,10 +68,16 @@ def peak(intervals: Sequence[tuple[int, int]], min_hold: int = 0) -> int:
     return max(best, 1 if intervals else 0)
 
 
-def sustained_peak(intervals: Sequence[tuple[int, int]]) -> int:
+def sustained_peak(
+    intervals: Sequence[tuple[int, int]], usual: Sequence[tuple[int, int]] | None = None
+) -> int:
     """:func:`peak`, counting only levels held for :data:`MIN_OVERLAP_SHARE` of the median
-    interval's length."""
-    lengths = [end - start for start, end in intervals]
+    length of ``usual`` (by default the intervals themselves). Intervals that include a wait
+    for a connection give ``usual`` as the same attempts held their connections: a hand-over
+    is short next to a request's service, while a long queue would stretch the median past
+    the burst's whole peak (sixty at once through five connections hold their level of sixty
+    for one service time, an eighth of their median length)."""
+    lengths = [end - start for start, end in (intervals if usual is None else usual)]
     if not lengths:
         return 0
     return peak(intervals, int(percentile(lengths, 50) * MIN_OVERLAP_SHARE))

@@ -93,9 +93,12 @@ def pool_queue(calls: Sequence[Call]) -> Finding | None:
     hosts = by_host(attempts)
     # Levels of concurrency that lasted: a connection handed from one request to the next
     # overlaps the two for an instant, which is no larger pool.
-    wanted = {h: sustained_peak([interval(a) for a in same]) for h, same in hosts.items()}
-    in_use = {h: sustained_peak([interval(a, True) for a in same]) for h, same in hosts.items()}
-    everywhere = sustained_peak([interval(a) for a in attempts])
+    held = {h: [interval(a, True) for a in same] for h, same in hosts.items()}
+    wanted = {h: sustained_peak([interval(a) for a in same], held[h]) for h, same in hosts.items()}
+    in_use = {h: sustained_peak(held[h]) for h in hosts}
+    everywhere = sustained_peak(
+        [interval(a) for a in attempts], [interval(a, True) for a in attempts]
+    )
     origin = min(a.start_ns for a in attempts)
     before: list[float] = []
     after: list[float] = []
