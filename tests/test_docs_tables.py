@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
 from llm_latency import attribute_table, semconv
 from llm_latency.emitter import Emitter
+from llm_latency.semconv import GenAINames
 from llm_latency.settings import Settings
 from llm_latency.timeline import PHASE_NAMES
 from tests.conftest import Telemetry
@@ -74,10 +76,28 @@ class RecordingMeter:
         return create
 
 
-def test_the_metrics_table_is_every_instrument_the_emitter_creates() -> None:
+def in_mode(cell: str, genai: GenAINames) -> list[str]:
+    """The names of a metrics table cell without the GenAI switch (``OLD``) or with it: a cell
+    gives the switch's names after "with the switch:"."""
+    old, switch, latest = cell.partition("with the switch:")
+    if genai is GenAINames.OLD:
+        return names(old)
+    return names(latest) if switch else names(old)
+
+
+@pytest.mark.parametrize("genai", [GenAINames.OLD, GenAINames.LATEST, GenAINames.DUP])
+def test_the_metrics_table_is_every_instrument_the_emitter_creates(genai: GenAINames) -> None:
     meter = RecordingMeter(MeterProvider().get_meter("test"))
-    Emitter(TracerProvider().get_tracer("test"), meter, Settings())  # type: ignore[arg-type]
-    rows = {names(row[0])[0]: row for row in table("\n## Metrics\n")}
+    Emitter(TracerProvider().get_tracer("test"), meter, Settings(), genai=genai)  # type: ignore[arg-type]
+    shown_in = [GenAINames.OLD, GenAINames.LATEST] if genai is GenAINames.DUP else [genai]
+    rows: dict[str, tuple[list[str], str]] = {}
+    for row in table("\n## Metrics\n"):
+        for mode in shown_in:
+            found = in_mode(row[0], mode)
+            prometheus_names = in_mode(row[3], mode)
+            assert len(found) == len(prometheus_names), row
+            for name, prometheus_name in zip(found, prometheus_names, strict=True):
+                rows[name] = ([prometheus_name], row[1])
     assert set(rows) == set(meter.created)
     assert set(rows) <= semconv_names()
     for name, (kind, unit) in meter.created.items():
@@ -96,7 +116,7 @@ def test_the_metrics_table_is_every_instrument_the_emitter_creates() -> None:
             prometheus += "_*"
         elif kind == "counter":
             prometheus += "_total"
-        assert names(rows[name][3]) == [prometheus], (name, rows[name][3])
+        assert rows[name][0] == [prometheus], (name, rows[name][0])
 
 
 def test_the_phase_table_is_the_phases_of_the_code() -> None:

@@ -130,7 +130,7 @@ BEDROCK_JSON = json.dumps(
         ),
         pytest.param(
             ANTHROPIC_JSON,
-            Usage(2120, 50, 2000, None, model="claude-sonnet-4-5"),
+            Usage(2120, 50, 2000, None, model="claude-sonnet-4-5", cache_write_tokens=100),
             id="anthropic (cache reads and writes beside input_tokens, added)",
         ),
         pytest.param(

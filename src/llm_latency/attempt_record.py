@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from llm_latency.calls import LogicalCall
     from llm_latency.facts import AttemptFacts
     from llm_latency.lag_monitor import LoopLagMonitor
+    from llm_latency.provider_schema import RouteFacts
     from llm_latency.timeline import Timeline
 
 
@@ -36,7 +37,7 @@ class AttemptRecord:
         "method",
         "port",
         "resend_count",
-        "route_owner",
+        "route",
         "span",
         "timeline",
     )
@@ -54,7 +55,7 @@ class AttemptRecord:
         port: int | None,
         resend_count: int,
         call: LogicalCall | None,
-        route_owner: str | None = None,
+        route: RouteFacts | None = None,
     ) -> None:
         self.timeline = timeline
         #: The request span.
@@ -71,8 +72,9 @@ class AttemptRecord:
         self.resend_count = resend_count
         #: The logical call this attempt belongs to, if any.
         self.call = call
-        #: The provider whose own route the attempt went to (``gen_ai.provider.name``), if any.
-        self.route_owner = route_owner
+        #: What the known route the attempt went to says (its provider if its own, its
+        #: operation); None off the known routes.
+        self.route = route
         #: The monitor of the event loop the attempt runs on (async clients), until it ends.
         self.loop_monitor: LoopLagMonitor | None = None
 
@@ -80,4 +82,5 @@ class AttemptRecord:
     def provider(self) -> str | None:
         """``gen_ai.provider.name``: the provider whose own host the attempt went to, else the
         owner of its route; None when neither says."""
-        return providers.provider_name(self.host, self.route_owner)
+        route = self.route
+        return providers.provider_name(self.host, None if route is None else route.owner)

@@ -78,6 +78,7 @@ USAGE_ATTRIBUTES: Final = {
     "cache_read_tokens": semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
     "reasoning_tokens": semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
     "model": semconv.GEN_AI_RESPONSE_MODEL,
+    "cache_write_tokens": semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
     "queue_time": semconv.SERVER_QUEUE_TIME,
     "prefill_time": semconv.SERVER_PREFILL_TIME,
     "decode_time": semconv.SERVER_DECODE_TIME,
@@ -85,8 +86,11 @@ USAGE_ATTRIBUTES: Final = {
 }
 
 #: The usage fields that say nothing at zero (OpenAI reports ``cached_tokens: 0`` and
-#: ``reasoning_tokens: 0`` on every answer): left out then, as when not reported.
-USAGE_SILENT_WHEN_ZERO: Final = frozenset({"cache_read_tokens", "reasoning_tokens"})
+#: ``reasoning_tokens: 0`` on every answer, Anthropic ``cache_creation_input_tokens: 0``): left
+#: out then, as when not reported.
+USAGE_SILENT_WHEN_ZERO: Final = frozenset(
+    {"cache_read_tokens", "reasoning_tokens", "cache_write_tokens"}
+)
 
 #: The attributes of an attempt that carried an LLM answer beside its usage's
 #: (:data:`USAGE_ATTRIBUTES`, first), in the order they are set.
@@ -170,7 +174,49 @@ def token_attributes(record: AttemptRecord) -> dict[str, Any]:
     return attributes
 
 
+def token_attributes_for(names: semconv.GenAINames) -> Callable[[AttemptRecord], dict[str, Any]]:
+    """:func:`token_attributes` in the GenAI names ``names`` asks for (decided once, at
+    ``instrument()``): the released conventions call the cache writes
+    ``gen_ai.usage.cache_write.input_tokens`` (both names with ``/dup``), and name the route's
+    operation (``gen_ai.operation.name``, where the route says it)."""
+    if names is semconv.GenAINames.OLD:
+        return token_attributes
+    usage_names = {
+        **USAGE_ATTRIBUTES,
+        "cache_write_tokens": semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS,
+    }
+    old_cache_write = (
+        semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+        if names is semconv.GenAINames.DUP
+        else None
+    )
+
+    def latest_token_attributes(record: AttemptRecord) -> dict[str, Any]:
+        usage = record.facts.usage
+        attributes: dict[str, Any] = {}
+        if usage is not None:
+            attributes = {
+                usage_names[field]: value
+                for field, value in vars(usage).items()
+                if value is not None and (value or field not in USAGE_SILENT_WHEN_ZERO)
+            }
+            if old_cache_write is not None and usage.cache_write_tokens is not None:
+                attributes[old_cache_write] = usage.cache_write_tokens
+        route = record.route
+        if route is not None and route.operation is not None:
+            attributes[semconv.GEN_AI_OPERATION_NAME] = route.operation
+        _add_tokens(record, attributes)
+        return attributes
+
+    return latest_token_attributes
+
+
 def attribute_names() -> frozenset[str]:
-    """Every attribute name the tables can set, but the captured headers'."""
+    """Every attribute name the tables can set, in any GenAI names, but the captured
+    headers'."""
     rows = (*END_ATTRIBUTES, *TOKEN_ATTRIBUTES)
-    return frozenset([row.attribute for row in rows] + list(USAGE_ATTRIBUTES.values()))
+    return frozenset(
+        [row.attribute for row in rows]
+        + list(USAGE_ATTRIBUTES.values())
+        + [semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, semconv.GEN_AI_OPERATION_NAME]
+    )

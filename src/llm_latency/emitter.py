@@ -32,17 +32,19 @@ from opentelemetry.trace import Span, Tracer
 
 from llm_latency import headers
 from llm_latency.attempt_record import AttemptRecord
-from llm_latency.attribute_table import end_attributes, token_attributes
+from llm_latency.attribute_table import end_attributes, token_attributes_for
 from llm_latency.call_spans import CallSpans
 from llm_latency.calls import current_call
 from llm_latency.event_loop import stop_all as stop_lag_monitors
 from llm_latency.facts import LoopLag, read_facts
 from llm_latency.fault_log import FaultLog
+from llm_latency.genai_metrics import GenAIMetrics
 from llm_latency.in_flight import AttemptsInFlight, charge_loop_lag
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.observables import Observed, observed_on
 from llm_latency.pools import PoolMetrics
 from llm_latency.request_start import RequestStart
+from llm_latency.semconv import GenAINames
 from llm_latency.settings import Settings
 from llm_latency.span_writer import SpanWriter
 from llm_latency.timeline import Timeline
@@ -59,6 +61,7 @@ class Emitter:
         settings: Settings,
         *,
         before_first_request: Callable[[], None] | None = None,
+        genai: GenAINames = GenAINames.OLD,
     ) -> None:
         self.phase_spans = settings.phase_spans
         #: Inject the trace context into each request (``instrument(propagate=...)``).
@@ -71,7 +74,16 @@ class Emitter:
         self._header_attrs = {name: headers.attribute_name(name) for name in capture_headers}
         #: The fault log of this instrumentation (a plugin fault, logged once).
         self.faults = FaultLog()
-        self.metrics = AttemptMetrics(None, settings.phase_metrics)
+        self.metrics = AttemptMetrics(
+            None, settings.phase_metrics, old_genai=genai is not GenAINames.LATEST
+        )
+        # The GenAI names (``OTEL_SEMCONV_STABILITY_OPT_IN``), decided here once: the default
+        # runs the functions it always ran; the opt-in, the released names' as well.
+        self._token_attributes = token_attributes_for(genai)
+        #: The GenAI metrics under their released names (None without the opt-in).
+        self.genai_metrics = None if genai is GenAINames.OLD else GenAIMetrics(None)
+        if self.genai_metrics is not None:
+            self._emit = self._emit_with_released_names  # type: ignore[method-assign]
         self._spans = SpanWriter(
             tracer,
             self.metrics,
@@ -103,6 +115,8 @@ class Emitter:
         ``instrument()``, set globally before it, or settled at a request since: ``meter`` None
         at construction)."""
         self.metrics.use_meter(meter)
+        if self.genai_metrics is not None:
+            self.genai_metrics.use_meter(meter)
         self.pools.use_meter(meter)
         self._observed = observed_on(meter)
         self._observed.plug(self, {**self.metrics.observers(), **self.pools.observers()})
@@ -213,7 +227,7 @@ class Emitter:
         attributes = end_attributes(record, self._header_attrs)
         answer = None
         if facts.usage is not None or facts.time_to_first_token is not None:
-            answer = token_attributes(record)
+            answer = self._token_attributes(record)
             attributes.update(answer)
             if record.call is not None:
                 body = record.timeline.body
@@ -226,6 +240,17 @@ class Emitter:
         if answer is not None:
             self.metrics.answer(record.host, facts, answer, ctx)
         self._attempt_ends(record, facts.error_type, facts.retry_after)
+
+    def _emit_with_released_names(
+        self,
+        record: AttemptRecord,
+        lag: LoopLag | None,
+        windows: Sequence[tuple[int, int, int]],
+    ) -> None:
+        """:meth:`_emit`, then the GenAI metrics under their released names (the opt-in)."""
+        Emitter._emit(self, record, lag, windows)
+        assert self.genai_metrics is not None
+        self.genai_metrics.record(record, record.facts, record.context)
 
     def failed_once(self, what: str) -> None:
         """Log a fault inside the plugin, once per emitter (see :attr:`faults`)."""

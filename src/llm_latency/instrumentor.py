@@ -36,7 +36,7 @@ from llm_latency import forks, semconv
 from llm_latency.adapters._patching import Unavailable, module_installed
 from llm_latency.emitter import Emitter
 from llm_latency.import_hooks import when_imported
-from llm_latency.settings import Settings, keywords, resolve
+from llm_latency.settings import Settings, genai_names, keywords, resolve
 from llm_latency.setup import meter_provider_is_set
 from llm_latency.version import __version__
 from llm_latency.zero_code import warn_if_unconfigured
@@ -321,7 +321,13 @@ class LLMLatencyInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             if meter_provider is not None or meter_provider_is_set()
             else None
         )
-        emitter = Emitter(tracer, meter, settings, before_first_request=before_first_request)
+        emitter = Emitter(
+            tracer,
+            meter,
+            settings,
+            before_first_request=before_first_request,
+            genai=genai_names(),
+        )
         self.settings = settings
         self.emitter = self._live = emitting.active = emitter
         self._adapters = []

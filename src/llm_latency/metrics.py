@@ -121,11 +121,14 @@ class AttemptMetrics:
     the rate-limit gauge into tallies that the observable instruments read (``observables``).
     ``meter``: None records nothing into histograms until :meth:`use_meter`;
     ``phase_metrics``: a key of :data:`PHASE_METRICS` (``Settings`` checked it), the phases
-    recorded."""
+    recorded. ``old_genai``: False when the GenAI opt-in asks for the released names only
+    (``semconv.GENAI_TABLE``): the old GenAI histograms are then not created, and their records
+    do nothing (``genai_metrics`` records the released ones)."""
 
-    def __init__(self, meter: Meter | None, phase_metrics: str) -> None:
+    def __init__(self, meter: Meter | None, phase_metrics: str, old_genai: bool = True) -> None:
         #: The phases (``timeline`` indexes) whose durations are recorded.
         self.phases_recorded = PHASE_METRICS[phase_metrics]
+        self._old_genai = old_genai
         self._answer_sets: dict[tuple[str, Any, Any], _AnswerAttributes] = {}
         self.retries = _Tallies()
         self.rate_limited = _Tallies()
@@ -161,23 +164,8 @@ class AttemptMetrics:
                 explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
             )
         )
-        self.time_to_first_chunk = HistogramRecorder(
-            meter.create_histogram(
-                semconv.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
-                unit="s",
-                description="Time from the start of a streamed request to its first body chunk.",
-                explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
-            )
-        )
-        self.time_per_output_chunk = HistogramRecorder(
-            meter.create_histogram(
-                semconv.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
-                unit="s",
-                description="Time between two body chunks of a streamed response, after the first "
-                "(opt-in: one record per chunk).",
-                explicit_bucket_boundaries_advisory=semconv.CHUNK_INTERVAL_BUCKETS,
-            )
-        )
+        self.time_to_first_chunk = _old_genai(meter, "time to first chunk", self._old_genai)
+        self.time_per_output_chunk = _old_genai(meter, "time per output chunk", self._old_genai)
         self.event_loop_lag = HistogramRecorder(
             meter.create_histogram(
                 semconv.EVENT_LOOP_LAG,
@@ -188,14 +176,7 @@ class AttemptMetrics:
                 explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
             )
         )
-        self.token_usage = HistogramRecorder(
-            meter.create_histogram(
-                semconv.GEN_AI_CLIENT_TOKEN_USAGE,
-                unit="{token}",
-                description="Tokens of an LLM call as the server reported them, by type.",
-                explicit_bucket_boundaries_advisory=semconv.TOKEN_USAGE_BUCKETS,
-            )
-        )
+        self.token_usage = _old_genai(meter, "tokens per operation and type", self._old_genai)
         self.time_per_output_token = HistogramRecorder(
             meter.create_histogram(
                 semconv.TIME_PER_OUTPUT_TOKEN,
@@ -360,3 +341,30 @@ class AttemptMetrics:
         self.ratelimit_remaining.set_fresh(
             ((semconv.SERVER_ADDRESS, host), (semconv.RATELIMIT_KIND, kind)), remaining, fresh_for
         )
+
+
+class _NoRecord:
+    """A histogram the GenAI opt-in replaced: its records do nothing."""
+
+    def record(self, value: float, attributes: Mapping[str, Any], context: Context) -> None:
+        pass
+
+
+def histogram(meter: Meter, instrument: semconv.Instrument) -> HistogramRecorder:
+    """The recorder of a histogram of ``semconv.GENAI_TABLE``."""
+    return HistogramRecorder(
+        meter.create_histogram(
+            instrument.name,
+            unit=instrument.unit,
+            description=instrument.description,
+            explicit_bucket_boundaries_advisory=instrument.buckets,
+        )
+    )
+
+
+def _old_genai(meter: Meter, concept: str, created: bool) -> HistogramRecorder | _NoRecord:
+    """The old name's histogram of ``concept`` (``semconv.GENAI_TABLE``), unless the opt-in
+    replaced it (``created`` False)."""
+    old = semconv.genai_row(concept).old
+    assert isinstance(old, semconv.Instrument), concept
+    return histogram(meter, old) if created else _NoRecord()

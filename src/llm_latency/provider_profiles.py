@@ -20,9 +20,13 @@ from llm_latency.provider_schema import (
     CACHE_READ,
     CACHE_READ_BESIDE,
     CACHE_WRITE_BESIDE,
+    CHAT,
     DECODE_NANOSECONDS,
     DECODE_SECONDS,
+    EMBEDDINGS,
+    FETCH_RESPONSE,
     GATEWAY_OVERHEAD,
+    GENERATE_CONTENT,
     INPUT,
     MILLISECONDS,
     NDJSON,
@@ -37,6 +41,7 @@ from llm_latency.provider_schema import (
     SECONDS,
     SERVER_TIMING,
     SSE,
+    TEXT_COMPLETION,
     ProviderProfile,
     Route,
 )
@@ -82,23 +87,24 @@ _RESPONSES_CALLS: Final = (
 )
 
 # The OpenAI-compatible routes; a prefix such as Groq's "/openai" or a gateway's base path may
-# come before "v1".
+# come before "v1". The operation (gen_ai.operation.name) where the route says it: the
+# Responses API's create is a chat turn, its GET by id a fetch_response.
 _OPENAI_ROUTES: Final = tuple(
-    Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{template}")
-    for path, template in (
-        ("chat/completions", "chat/completions"),
-        ("completions", "completions"),
-        ("responses", "responses"),
-        ("responses/[^/]+", "responses/{response_id}"),
-        ("embeddings", "embeddings"),
-        ("moderations", "moderations"),
-        ("models", "models"),
-        ("audio/transcriptions", "audio/transcriptions"),
-        ("audio/translations", "audio/translations"),
-        ("audio/speech", "audio/speech"),
-        ("images/generations", "images/generations"),
-        ("batches", "batches"),
-        ("rerank", "rerank"),
+    Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{template}", operation)
+    for path, template, operation in (
+        ("chat/completions", "chat/completions", CHAT),
+        ("completions", "completions", TEXT_COMPLETION),
+        ("responses", "responses", CHAT),
+        ("responses/[^/]+", "responses/{response_id}", FETCH_RESPONSE),
+        ("embeddings", "embeddings", EMBEDDINGS),
+        ("moderations", "moderations", None),
+        ("models", "models", None),
+        ("audio/transcriptions", "audio/transcriptions", None),
+        ("audio/translations", "audio/translations", None),
+        ("audio/speech", "audio/speech", None),
+        ("images/generations", "images/generations", None),
+        ("batches", "batches", None),
+        ("rerank", "rerank", None),
     )
 )
 
@@ -144,14 +150,15 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             Route(
                 rf"(?:^|/)openai/deployments/[^/]+/{path}/?$",
                 f"/openai/deployments/{{deployment}}/{path}",
+                operation,
             )
-            for path in (
-                "chat/completions",
-                "completions",
-                "embeddings",
-                "responses",
-                "audio/transcriptions",
-                "images/generations",
+            for path, operation in (
+                ("chat/completions", CHAT),
+                ("completions", TEXT_COMPLETION),
+                ("embeddings", EMBEDDINGS),
+                ("responses", CHAT),
+                ("audio/transcriptions", None),
+                ("images/generations", None),
             )
         ),
         request_id_headers=("apim-request-id", "x-request-id"),
@@ -170,8 +177,13 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         hosts=("api.anthropic.com",),
         own_routes=True,
         routes=tuple(
-            Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{path}")
-            for path in ("messages", "messages/count_tokens", "messages/batches", "complete")
+            Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{path}", operation)
+            for path, operation in (
+                ("messages", CHAT),
+                ("messages/count_tokens", None),
+                ("messages/batches", None),
+                ("complete", TEXT_COMPLETION),
+            )
         ),
         request_id_headers=("request-id",),
         ratelimit_remaining=(
@@ -220,13 +232,14 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         hosts=(".amazonaws.com",),
         own_routes=True,
         routes=tuple(
-            Route(rf"(?:^|/)model/[^/]+/{path}/?$", f"/model/{{modelId}}/{path}")
-            for path in (
-                "converse",
-                "converse-stream",
-                "invoke",
-                "invoke-with-response-stream",
-                "count-tokens",
+            # InvokeModel's body is the model's own API: its operation is not the path's.
+            Route(rf"(?:^|/)model/[^/]+/{path}/?$", f"/model/{{modelId}}/{path}", operation)
+            for path, operation in (
+                ("converse", CHAT),
+                ("converse-stream", CHAT),
+                ("invoke", None),
+                ("invoke-with-response-stream", None),
+                ("count-tokens", None),
             )
         ),
         request_id_headers=("x-amzn-requestid",),
@@ -272,6 +285,7 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
             Route(
                 rf"(?:^|/)(v1(?:beta|alpha)?\d*)/{where}models/[^/:]+:{method}/?$",
                 rf"/\1/{template}models/{{model}}:{method}",
+                operation,
             )
             for where, template in (
                 ("", ""),
@@ -280,15 +294,15 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
                     "projects/{project}/locations/{location}/publishers/{publisher}/",
                 ),
             )
-            for method in (
-                "generateContent",
-                "streamGenerateContent",
-                "countTokens",
-                "embedContent",
-                "batchEmbedContents",
-                "predict",
-                "rawPredict",
-                "streamRawPredict",
+            for method, operation in (
+                ("generateContent", GENERATE_CONTENT),
+                ("streamGenerateContent", GENERATE_CONTENT),
+                ("countTokens", None),
+                ("embedContent", EMBEDDINGS),
+                ("batchEmbedContents", EMBEDDINGS),
+                ("predict", None),
+                ("rawPredict", None),
+                ("streamRawPredict", None),
             )
         ),
         server_time_headers=(("server-timing", SERVER_TIMING),),
@@ -321,8 +335,13 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         hosts=("api.mistral.ai",),
         own_routes=True,
         routes=tuple(
-            Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{path}")
-            for path in ("fim/completions", "agents/completions", "conversations", "ocr")
+            Route(rf"(?:^|/)v1/{path}/?$", f"/v1/{path}", operation)
+            for path, operation in (
+                ("fim/completions", TEXT_COMPLETION),
+                ("agents/completions", None),
+                ("conversations", None),
+                ("ocr", None),
+            )
         ),
         note="and OpenAI's (`/v1/chat/completions`, `/v1/embeddings`, ...)",
         request_id_headers=("mistral-correlation-id", "x-kong-request-id"),
@@ -360,8 +379,15 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         hosts=("api.cohere.com", "api.cohere.ai"),
         own_routes=True,
         routes=tuple(
-            Route(rf"(?:^|/)(v[12])/{path}/?$", rf"/\1/{path}")
-            for path in ("chat", "embed", "rerank", "generate", "classify", "tokenize")
+            Route(rf"(?:^|/)(v[12])/{path}/?$", rf"/\1/{path}", operation)
+            for path, operation in (
+                ("chat", CHAT),
+                ("embed", EMBEDDINGS),
+                ("rerank", None),
+                ("generate", TEXT_COMPLETION),
+                ("classify", None),
+                ("tokenize", None),
+            )
         ),
         request_id_headers=("x-debug-trace-id",),
         server_time_headers=(("x-envoy-upstream-service-time", MILLISECONDS),),
@@ -412,8 +438,13 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         genai_name="ollama",
         own_routes=True,
         routes=tuple(
-            Route(rf"(?:^|/)api/{path}/?$", f"/api/{path}")
-            for path in ("chat", "generate", "embed", "embeddings")
+            Route(rf"(?:^|/)api/{path}/?$", f"/api/{path}", operation)
+            for path, operation in (
+                ("chat", CHAT),
+                ("generate", TEXT_COMPLETION),
+                ("embed", EMBEDDINGS),
+                ("embeddings", EMBEDDINGS),
+            )
         ),
         stream_types=(("application/x-ndjson", NDJSON),),
         # ollama: _types.py (prompt_eval_count, eval_count, and their durations in ns: the
@@ -454,10 +485,10 @@ PROFILES: Final[tuple[ProviderProfile, ...]] = (
         # (x-total-time, ms); the LiteLLM proxy sends x-litellm-call-id and its own duration.
         name="OpenAI-compatible servers",
         routes=(
-            Route(r"(?:^|/)generate/?$", "/generate"),
-            Route(r"(?:^|/)generate_stream/?$", "/generate_stream"),
-            Route(r"(?:^|/)completion/?$", "/completion"),
-            Route(r"(?:^|/)infill/?$", "/infill"),
+            Route(r"(?:^|/)generate/?$", "/generate", TEXT_COMPLETION),
+            Route(r"(?:^|/)generate_stream/?$", "/generate_stream", TEXT_COMPLETION),
+            Route(r"(?:^|/)completion/?$", "/completion", TEXT_COMPLETION),
+            Route(r"(?:^|/)infill/?$", "/infill", TEXT_COMPLETION),
         ),
         request_id_headers=("x-litellm-call-id",),
         server_time_headers=(

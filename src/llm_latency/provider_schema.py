@@ -51,14 +51,33 @@ DECODE: Final = "decode"
 GATEWAY_OVERHEAD: Final = "gateway_overhead"
 
 
+#: ``gen_ai.operation.name`` values (the GenAI conventions' well-known ones) a route names.
+CHAT: Final = "chat"
+TEXT_COMPLETION: Final = "text_completion"
+EMBEDDINGS: Final = "embeddings"
+GENERATE_CONTENT: Final = "generate_content"
+FETCH_RESPONSE: Final = "fetch_response"
+
+
 @dataclass(frozen=True)
 class Route:
     """A path pattern and the ``url.template`` it reports. ``pattern`` is searched in the
     path (so a gateway's base path may come first); the template may refer to its groups
-    (``\\1``), as :meth:`re.Match.expand` does."""
+    (``\\1``), as :meth:`re.Match.expand` does. ``operation``: its ``gen_ai.operation.name``,
+    where the route alone says it (None: not an inference, or not known from the path)."""
 
     pattern: str
     template: str
+    operation: str | None = None
+
+
+@dataclass(frozen=True)
+class RouteFacts:
+    """What a matched route says of an attempt beside its template: the provider that alone
+    serves it (``gen_ai.provider.name``, None when it is shared) and its operation."""
+
+    owner: str | None
+    operation: str | None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import re
 from typing import Final
 
 from llm_latency.provider_profiles import PROFILES
+from llm_latency.provider_schema import RouteFacts
 
 
 def _unique(names: list[str]) -> tuple[str, ...]:
@@ -24,10 +25,12 @@ def _unique(names: list[str]) -> tuple[str, ...]:
 ROUTES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
     (re.compile(route.pattern), route.template) for p in PROFILES for route in p.routes
 )
-#: ``gen_ai.provider.name`` of each route of :data:`ROUTES`, in the same order: the provider's
-#: where the route is its own, else None.
-ROUTE_OWNERS: Final[tuple[str | None, ...]] = tuple(
-    p.genai_name if p.own_routes else None for p in PROFILES for _ in p.routes
+#: What each route of :data:`ROUTES` says, in the same order: ``gen_ai.provider.name`` (the
+#: provider's where the route is its own, else None) and ``gen_ai.operation.name``.
+ROUTE_FACTS: Final[tuple[RouteFacts, ...]] = tuple(
+    RouteFacts(p.genai_name if p.own_routes else None, route.operation)
+    for p in PROFILES
+    for route in p.routes
 )
 REQUEST_ID_HEADERS: Final = _unique([h for p in PROFILES for h in p.request_id_headers])
 SERVER_TIME_HEADERS: Final = tuple(
@@ -84,7 +87,7 @@ DEFAULT_RESPONSE_HEADERS: Final = _unique(
 
 def provider_name(host: str, route_owner: str | None) -> str | None:
     """``gen_ai.provider.name`` of a request to ``host``: by the provider's own host, else by
-    the owner of its route (:data:`ROUTE_OWNERS`); None when neither says (an
+    the owner of its route (:data:`ROUTE_FACTS`); None when neither says (an
     OpenAI-compatible server on a host of its own)."""
     return _host_provider(host) or route_owner
 

@@ -56,7 +56,7 @@ class RequestStart:
         attempt's); the attempt's record."""
         host, port, path = target
         method = timeline.method
-        template, route_owner = route(path)
+        template, route_facts = route(path)
         known = self._known_methods.get(method) or self._known_method(method)
         attributes: dict[str, Any] = {
             semconv.HTTP_REQUEST_METHOD: known,
@@ -86,7 +86,7 @@ class RequestStart:
         )
         context = set_span_in_context(span)
         return AttemptRecord(
-            timeline, span, context, known, host, port, resend_count, call, route_owner
+            timeline, span, context, known, host, port, resend_count, call, route_facts
         )
 
     def inject(self, carrier: MutableMapping[str, str] | None, record: AttemptRecord) -> None:

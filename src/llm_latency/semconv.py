@@ -10,6 +10,8 @@ GenAI conventions project), and a release without them must not break ``import l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
 from typing import Final
 
 from opentelemetry.semconv._incubating.attributes.http_attributes import (
@@ -73,6 +75,9 @@ GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
+#: The old conventions' name of the prompt tokens written to the provider's cache (the released
+#: ones call it ``cache_write``: :data:`GENAI_TABLE`).
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
 GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
 #: ``gen_ai.token.type`` values.
 GEN_AI_TOKEN_TYPE_INPUT: Final = "input"
@@ -81,8 +86,8 @@ GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.ti
 GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK: Final = (
     "gen_ai.client.operation.time_per_output_chunk"
 )
-#: The released conventions' token histogram (an unreleased version replaces it with counters:
-#: this constant and ``TOKEN_USAGE_BUCKETS`` are the one place to change).
+#: The token histogram of the conventions before semantic-conventions-genai v0.1.0, which
+#: replaces it with counters and per-operation histograms (:data:`GENAI_TABLE`).
 GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
 
 # -- tokens and the server's share (no GenAI name: llm-latency's own) --------------------------
@@ -184,3 +189,228 @@ CONNECTION_DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
     7200.0,
 )  # fmt: skip
+
+
+# -- the GenAI conventions' released names (semantic-conventions-genai v0.1.0) ----------------
+
+#: The variable of the official instrumentations' opt-in, and its GenAI values: the released
+#: names instead of the old ones, or both (as the HTTP migration's ``http/dup``).
+SEMCONV_STABILITY_OPT_IN: Final = "OTEL_SEMCONV_STABILITY_OPT_IN"
+GEN_AI_LATEST_EXPERIMENTAL: Final = "gen_ai_latest_experimental"
+GEN_AI_LATEST_EXPERIMENTAL_DUP: Final = "gen_ai_latest_experimental/dup"
+
+
+class GenAINames(Enum):
+    """Which GenAI names llm-latency emits (``settings.genai_names`` reads the opt-in once, at
+    ``instrument()``)."""
+
+    #: The names the official Python GenAI instrumentations still emit (the default).
+    OLD = "old"
+    #: semantic-conventions-genai v0.1.0's (``gen_ai_latest_experimental``).
+    LATEST = "latest"
+    #: Both (``gen_ai_latest_experimental/dup``).
+    DUP = "dup"
+
+
+GEN_AI_TOKEN_MODALITY: Final = "gen_ai.token.modality"
+#: llm-latency reads no provider's per-modality breakdown: every count is ``unknown``.
+GEN_AI_TOKEN_MODALITY_UNKNOWN: Final = "unknown"
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: Final = "gen_ai.usage.cache_write.input_tokens"
+GEN_AI_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.inference.time_to_first_chunk"
+GEN_AI_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK: Final = (
+    "gen_ai.client.inference.time_per_output_chunk"
+)
+GEN_AI_CLIENT_INFERENCE_USAGE_INPUT_TOKENS: Final = "gen_ai.client.inference.usage.input_tokens"
+GEN_AI_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS: Final = "gen_ai.client.inference.usage.output_tokens"
+GEN_AI_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS: Final = (
+    "gen_ai.client.inference.usage.cache_read.input_tokens"
+)
+GEN_AI_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS: Final = (
+    "gen_ai.client.inference.usage.cache_write.input_tokens"
+)
+GEN_AI_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS: Final = (
+    "gen_ai.client.inference.usage.reasoning.output_tokens"
+)
+GEN_AI_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS: Final = (
+    "gen_ai.client.inference.operation.input_tokens"
+)
+GEN_AI_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS: Final = (
+    "gen_ai.client.inference.operation.output_tokens"
+)
+
+#: The released conventions' advice for their durations (s): 10 ms doubling to 81.92 s.
+GENAI_DURATION_BUCKETS: Final[tuple[float, ...]] = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Instrument:
+    """One GenAI instrument: its name, kind (``histogram`` or ``counter``), unit, buckets (a
+    histogram's) and description."""
+
+    name: str
+    kind: str
+    unit: str
+    description: str
+    buckets: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenAIRow:
+    """One GenAI concept and its names: ``old`` (the default's), ``latest`` (the opt-in's); None
+    where that side has none. ``usage``: the :class:`~llm_latency.usage.Usage` field a token
+    counter counts."""
+
+    concept: str
+    old: Instrument | str | None
+    latest: Instrument | str | None
+    usage: str = ""
+
+
+_TOKENS: Final = "{token}"
+
+#: Each GenAI concept llm-latency records, by its old and its released names: what
+#: ``OTEL_SEMCONV_STABILITY_OPT_IN`` switches (docs/telemetry.md shows both names per row).
+GENAI_TABLE: Final = (
+    GenAIRow(
+        "time to first chunk",
+        Instrument(
+            GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+            "histogram",
+            "s",
+            "Time from the start of a streamed request to its first body chunk.",
+            DURATION_BUCKETS,
+        ),
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK,
+            "histogram",
+            "s",
+            "Time from the start of a streamed request to its first body chunk.",
+            GENAI_DURATION_BUCKETS,
+        ),
+    ),
+    GenAIRow(
+        "time per output chunk",
+        Instrument(
+            GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
+            "histogram",
+            "s",
+            "Time between two body chunks of a streamed response, after the first (opt-in: one "
+            "record per chunk).",
+            CHUNK_INTERVAL_BUCKETS,
+        ),
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK,
+            "histogram",
+            "s",
+            "Time between two body chunks of a streamed response, after the first (opt-in: one "
+            "record per chunk).",
+            GENAI_DURATION_BUCKETS,
+        ),
+    ),
+    GenAIRow(
+        "tokens per operation and type",
+        Instrument(
+            GEN_AI_CLIENT_TOKEN_USAGE,
+            "histogram",
+            _TOKENS,
+            "Tokens of an LLM call as the server reported them, by type.",
+            TOKEN_USAGE_BUCKETS,
+        ),
+        None,
+    ),
+    GenAIRow(
+        "input tokens",
+        None,
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_USAGE_INPUT_TOKENS,
+            "counter",
+            _TOKENS,
+            "Input (prompt) tokens the servers reported, cached ones included.",
+        ),
+        "input_tokens",
+    ),
+    GenAIRow(
+        "output tokens",
+        None,
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS,
+            "counter",
+            _TOKENS,
+            "Output (completion) tokens the servers reported, reasoning ones included.",
+        ),
+        "output_tokens",
+    ),
+    GenAIRow(
+        "cache read input tokens",
+        None,
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS,
+            "counter",
+            _TOKENS,
+            "Input tokens served from the provider's cache.",
+        ),
+        "cache_read_tokens",
+    ),
+    GenAIRow(
+        "cache write input tokens",
+        None,
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS,
+            "counter",
+            _TOKENS,
+            "Input tokens written to the provider's cache.",
+        ),
+        "cache_write_tokens",
+    ),
+    GenAIRow(
+        "reasoning output tokens",
+        None,
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS,
+            "counter",
+            _TOKENS,
+            "Output tokens the model spent reasoning.",
+        ),
+        "reasoning_tokens",
+    ),
+    GenAIRow(
+        "input tokens per operation",
+        None,
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS,
+            "histogram",
+            _TOKENS,
+            "Input tokens per LLM call, as the server reported them.",
+            TOKEN_USAGE_BUCKETS,
+        ),
+        "input_tokens",
+    ),
+    GenAIRow(
+        "output tokens per operation",
+        None,
+        Instrument(
+            GEN_AI_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS,
+            "histogram",
+            _TOKENS,
+            "Output tokens per LLM call, as the server reported them.",
+            TOKEN_USAGE_BUCKETS,
+        ),
+        "output_tokens",
+    ),
+    # span and metric attributes
+    GenAIRow("token type", GEN_AI_TOKEN_TYPE, GEN_AI_TOKEN_MODALITY),
+    GenAIRow("operation name", None, GEN_AI_OPERATION_NAME),
+    GenAIRow(
+        "cache write tokens (span)",
+        GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
+        GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS,
+    ),
+)
+
+
+def genai_row(concept: str) -> GenAIRow:
+    """The row of :data:`GENAI_TABLE` for ``concept``."""
+    (row,) = [row for row in GENAI_TABLE if row.concept == concept]
+    return row

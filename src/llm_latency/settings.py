@@ -32,6 +32,12 @@ from typing import Any, Final, Protocol, cast
 from opentelemetry.util.http import OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE
 
 from llm_latency.metrics import PHASE_METRICS
+from llm_latency.semconv import (
+    GEN_AI_LATEST_EXPERIMENTAL,
+    GEN_AI_LATEST_EXPERIMENTAL_DUP,
+    SEMCONV_STABILITY_OPT_IN,
+    GenAINames,
+)
 
 _logger = logging.getLogger(__name__)
 
@@ -289,3 +295,18 @@ def keywords() -> str:
         for option in OPTIONS
         if option.instrumentor
     )
+
+
+def genai_names(environ: Mapping[str, str] = os.environ) -> GenAINames:
+    """The GenAI names ``OTEL_SEMCONV_STABILITY_OPT_IN`` asks for, read as the official
+    instrumentations read it (``opentelemetry-instrumentation``'s ``_semconv``): a
+    comma-separated list whose other values (``http``, ``database/dup``, ...) are other
+    instrumentations'; ``gen_ai_latest_experimental/dup`` wins over
+    ``gen_ai_latest_experimental``. Read once, at ``instrument()``: the emitter then runs the
+    recorders of that choice only."""
+    listed = {value.strip() for value in environ.get(SEMCONV_STABILITY_OPT_IN, "").split(",")}
+    if GEN_AI_LATEST_EXPERIMENTAL_DUP in listed:
+        return GenAINames.DUP
+    if GEN_AI_LATEST_EXPERIMENTAL in listed:
+        return GenAINames.LATEST
+    return GenAINames.OLD

@@ -9,7 +9,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from opentelemetry.util.http import PARAMS_TO_REDACT, remove_url_credentials
 
-from llm_latency.providers import ROUTE_OWNERS, ROUTES
+from llm_latency.provider_schema import RouteFacts
+from llm_latency.providers import ROUTE_FACTS, ROUTES
 
 REDACTED: Final = "REDACTED"
 
@@ -44,13 +45,13 @@ def route_template(path: str) -> str | None:
     return route(path)[0]
 
 
-def route(path: str) -> tuple[str | None, str | None]:
-    """The ``url.template`` of a known provider's route (None when none matches), and the
-    ``gen_ai.provider.name`` of the provider that alone serves it (None when it is shared)."""
-    for (pattern, template), owner in zip(ROUTES, ROUTE_OWNERS, strict=True):
+def route(path: str) -> tuple[str | None, RouteFacts | None]:
+    """The ``url.template`` of a known provider's route (None when none matches), and what the
+    route says of the attempt: the provider that alone serves it, its operation."""
+    for (pattern, template), facts in zip(ROUTES, ROUTE_FACTS, strict=True):
         match = pattern.search(path)
         if match:
-            return (match.expand(template) if "\\" in template else template), owner
+            return (match.expand(template) if "\\" in template else template), facts
     return None, None
 
 

@@ -89,6 +89,9 @@ class Usage:
     cache_read_tokens: int | None = None
     reasoning_tokens: int | None = None
     model: str | None = None
+    #: Prompt tokens written to the provider's cache (Anthropic's, Bedrock's: counted in
+    #: ``input_tokens``).
+    cache_write_tokens: int | None = None
     queue_time: float | None = None
     prefill_time: float | None = None
     decode_time: float | None = None
@@ -190,6 +193,7 @@ def _counts(fields: Mapping[str, float]) -> Usage:
         outputs,
         cached if cached is not None else cache_beside,
         reasoning if reasoning is not None else reasoning_beside,
+        cache_write_tokens=write_beside,
     )
 
 
