@@ -91,6 +91,10 @@ e2e: $(VENV)/.test-installed
 	deploy/build/build-bundle $(BUNDLE_BUILDS)
 	LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \
 		--timeout 900 $(E2E_TESTS)
+	# the dashboard and the alerts on the GenAI conventions' released names
+	OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental \
+		LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \
+		--timeout 900 tests/e2e/test_metrics.py
 
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/llm-latency demo

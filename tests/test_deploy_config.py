@@ -340,6 +340,7 @@ CONTRACT_HISTOGRAMS = (
     "llm_latency_phase_duration_seconds",
     "llm_latency_server_processing_time_seconds",
     "gen_ai_client_operation_time_to_first_chunk_seconds",
+    "gen_ai_client_inference_time_to_first_chunk_seconds",
     "http_client_connection_duration_seconds",
     "llm_latency_event_loop_lag_seconds",
     "gen_ai_client_token_usage",
@@ -347,6 +348,8 @@ CONTRACT_HISTOGRAMS = (
     "llm_latency_time_to_first_token_seconds",
 )
 CONTRACT_SERIES = (
+    "gen_ai_client_inference_usage_input_tokens_total",
+    "gen_ai_client_inference_usage_output_tokens_total",
     "llm_latency_retries_total",
     "llm_latency_rate_limited_total",
     "llm_latency_connections_total",
@@ -377,6 +380,9 @@ SEMANTIC_CONVENTION_METRICS = (
     "http_client_open_connections",
     "http_client_active_requests",
     "gen_ai_client_token_usage",
+    "gen_ai_client_inference_time_to_first_chunk_seconds",
+    "gen_ai_client_inference_usage_input_tokens_total",
+    "gen_ai_client_inference_usage_output_tokens_total",
 )
 
 
@@ -614,8 +620,8 @@ def test_dashboard_has_the_connection_pool_row() -> None:
 
 
 def test_dashboard_has_the_token_row() -> None:
-    """The server's share, per model and host: output and input tokens per second (the token
-    usage histogram's _sum, by token type), the time per output token's p50 and p95 with the
+    """The server's share, per model and host: output and input tokens per second (the released
+    names' counter, or the old token usage histogram's _sum by token type), the time per output token's p50 and p95 with the
     decode speed 1 / p50 in tokens/s on the right axis, the time to first token's p50 and p95."""
     dashboard = json.loads(DASHBOARD.read_text())
     panels = {
@@ -631,7 +637,10 @@ def test_dashboard_has_the_token_row() -> None:
     for kind in ("output", "input"):
         panel = panels[f"{kind.capitalize()} tokens per second by model and host"]
         (target,) = panel["targets"]
-        assert target["expr"].startswith(f"sum by ({by}) (rate(gen_ai_client_token_usage_sum{{")
+        released = f"gen_ai_client_inference_usage_{kind}_tokens_total{{"
+        assert target["expr"].startswith(f"sum by ({by}) (rate({released}")
+        old, _, _ = target["expr"].partition(" or ")[2].partition("[")
+        assert old.startswith(f"sum by ({by}) (rate(gen_ai_client_token_usage_sum{{"), old
         assert f'gen_ai_token_type="{kind}"' in target["expr"]
         assert panel["fieldConfig"]["defaults"]["unit"] == "suffix: tok/s"
 

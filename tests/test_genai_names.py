@@ -5,14 +5,13 @@ calls to the mock model server, read with the SDK's in-memory reader."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
 import openai
 import pytest
 
-import llm_latency
 from llm_latency import semconv
 from llm_latency.settings import genai_names
 from llm_latency.testing import Profile, RunningServer, running
@@ -60,32 +59,31 @@ async def server() -> AsyncIterator[RunningServer]:
         yield mock
 
 
-def instrumented(monkeypatch: pytest.MonkeyPatch, opt_in: str | None) -> Iterator[Telemetry]:
+def instrumented(request: pytest.FixtureRequest, opt_in: str | None) -> Telemetry:
+    """The suite's ``telemetry``, instrumented with ``OTEL_SEMCONV_STABILITY_OPT_IN`` set to
+    ``opt_in`` (None: unset)."""
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
     if opt_in is None:
         monkeypatch.delenv(OPT_IN, raising=False)
     else:
         monkeypatch.setenv(OPT_IN, opt_in)
-    t = Telemetry()
-    t.instrument()
-    try:
-        yield t
-    finally:
-        llm_latency.uninstrument()
+    telemetry: Telemetry = request.getfixturevalue("telemetry")
+    return telemetry
 
 
 @pytest.fixture
-def default(monkeypatch: pytest.MonkeyPatch) -> Iterator[Telemetry]:
-    yield from instrumented(monkeypatch, None)
+def default(request: pytest.FixtureRequest) -> Telemetry:
+    return instrumented(request, None)
 
 
 @pytest.fixture
-def latest(monkeypatch: pytest.MonkeyPatch) -> Iterator[Telemetry]:
-    yield from instrumented(monkeypatch, "http,gen_ai_latest_experimental")
+def latest(request: pytest.FixtureRequest) -> Telemetry:
+    return instrumented(request, "http,gen_ai_latest_experimental")
 
 
 @pytest.fixture
-def dup(monkeypatch: pytest.MonkeyPatch) -> Iterator[Telemetry]:
-    yield from instrumented(monkeypatch, "gen_ai_latest_experimental/dup")
+def dup(request: pytest.FixtureRequest) -> Telemetry:
+    return instrumented(request, "gen_ai_latest_experimental/dup")
 
 
 async def openai_stream(server: RunningServer, *, usage: bool = True) -> None:

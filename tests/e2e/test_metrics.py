@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from llm_latency.semconv import GenAINames
+from llm_latency.settings import genai_names
 from tests.deploy_workload import (
     GRAFANA_VARIABLES,
     Query,
@@ -58,6 +60,37 @@ def hosts(result: list[dict[str, Any]], job: str = "e2e-alerts") -> set[str]:
 #: does not have: the scenario (host, model) whose expression, with its windows scaled to the
 #: run, is true (see its own test). LLMNoRequests: see its own test too.
 BASELINES = {"LLMTimePerOutputTokenRegressed": ("slow-decode.test", SLOWING_MODEL)}
+
+
+#: The GenAI series of each choice of names (``OTEL_SEMCONV_STABILITY_OPT_IN`` in the run's
+#: environment, which the workloads inherit: ``make e2e`` runs this file under each).
+GENAI_SERIES = {
+    "old": (
+        "gen_ai_client_operation_time_to_first_chunk_seconds_bucket",
+        "gen_ai_client_token_usage_sum",
+    ),
+    "latest": (
+        "gen_ai_client_inference_time_to_first_chunk_seconds_bucket",
+        "gen_ai_client_inference_usage_output_tokens_total",
+        "gen_ai_client_inference_operation_output_tokens_sum",
+    ),
+}
+
+
+def test_the_genai_series_are_those_the_opt_in_asks_for(alerts_done: Run) -> None:
+    """Under the opt-in the released names reach Prometheus and the old ones do not (both
+    with /dup); without it, the reverse. The dashboard's queries and the alerts, checked by
+    the other tests of this file, then run on these series."""
+    names = genai_names()
+    wanted = {
+        GenAINames.OLD: GENAI_SERIES["old"],
+        GenAINames.LATEST: GENAI_SERIES["latest"],
+        GenAINames.DUP: GENAI_SERIES["old"] + GENAI_SERIES["latest"],
+    }[names]
+    for series in (*GENAI_SERIES["old"], *GENAI_SERIES["latest"]):
+        found = query(alerts_done, f'{series}{{job="e2e-alerts", otel_scope_name="llm_latency"}}')
+        assert bool(found) == (series in wanted), (names, series)
+    report(f"GenAI names {names.value}: {', '.join(wanted)} in Prometheus, not the others")
 
 
 def test_every_alert_is_checked_here() -> None:
