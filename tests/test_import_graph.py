@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.call_spans",
         "llm_latency.tracer_handle",
         "llm_latency.metrics",
+        "llm_latency.genai_metrics",
         "llm_latency.settings",
         "llm_latency.histograms",
         "llm_latency.pools",

@@ -17,8 +17,10 @@ only, not in ``on_start`` nor ``_on_ending``. So it is taken only while no span 
 the tracer does anything there (:class:`~llm_latency.otel_internals.StartListeners`: the SDK's
 batch and simple processors do nothing; a processor that copies baggage into attributes at the
 start, say, does), and ``instrument(phase_span_fast_path=False)`` turns it off with the phase
-spans' direct path. A span that needs what only a live SDK span does (an exception or other
-event, a link, an attribute limit that bites) is made a live SDK span at its end, with the same
+spans' direct path. Events without attributes (the request span's marks: its first byte,
+chunk and token) go into the ``ReadableSpan`` as the SDK's ``Event`` objects. A span that needs
+what only a live SDK span does (an exception or an event with attributes, more events than the
+limit, a link, an attribute limit that bites) is made a live SDK span at its end, with the same
 context, start time and attributes, and ended there.
 """
 
@@ -35,9 +37,9 @@ from opentelemetry.trace.status import Status, StatusCode
 from llm_latency.otel_internals import LiveSpan, TracerParts
 
 try:  # the SDK is an extra: the direct path's only (start_late is called with its tracer's parts)
-    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace import Event, ReadableSpan
 except ImportError:  # pragma: no cover
-    ReadableSpan = None  # type: ignore[assignment,misc]
+    Event = ReadableSpan = None  # type: ignore[assignment,misc]
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -192,8 +194,9 @@ class LateSpan(Span):
         self._end_time = end_time = time.time_ns() if end_time is None else end_time
         sdk = self._sdk
         limits = sdk.limits
+        events = _plain_events(self._replay, limits.max_events) if self._replay else ()
         if (
-            self._replay
+            events is None
             or self._links
             or limits.max_span_attribute_length is not None
             or (
@@ -211,6 +214,7 @@ class LateSpan(Span):
                     parent=self._parent,
                     resource=tracer.resource,
                     attributes=self._attributes,
+                    events=events,
                     kind=self._kind,
                     status=self._status,
                     start_time=self._start_time,
@@ -247,3 +251,19 @@ class LateSpan(Span):
         if self._status is not _UNSET:
             live.set_status(self._status)
         live.end(end_time)
+
+
+def _plain_events(replay: list[_Replay], max_events: int | None) -> tuple[Event, ...] | None:
+    """What was replayed, as the events of the finished span, when it is only events without
+    attributes within the SDK's event limit (the request span's marks: its first byte, chunk
+    and token, its connection acquired); None when something else needs the live span, which
+    applies the limits and records exceptions. A streamed attempt went through the live span
+    for its events alone, which cost it more than its events."""
+    if max_events is not None and len(replay) > max_events:
+        return None
+    events = []
+    for method, args, _ in replay:
+        if method != "add_event" or args[1]:
+            return None
+        events.append(Event(args[0], None, args[2]))
+    return tuple(events)
