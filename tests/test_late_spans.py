@@ -134,6 +134,18 @@ def plain(span: trace.Span) -> None:
     span.set_status(Status(StatusCode.ERROR))
 
 
+def marked(span: trace.Span) -> None:
+    """A streamed attempt's marks: events without attributes."""
+    plain(span)
+    for offset, name in enumerate(("llm_latency.first_byte", "llm_latency.first_chunk"), 1):
+        span.add_event(name, timestamp=START + offset)
+
+
+def marked_with_attributes(span: trace.Span) -> None:
+    plain(span)
+    span.add_event("llm_latency.first_byte", {"why": "test"}, timestamp=START + 1)
+
+
 def failed(span: trace.Span) -> None:
     span.set_attributes(END_ATTRIBUTES)
     try:
@@ -258,6 +270,17 @@ def test_a_dropped_span_is_the_sdks() -> None:
     assert span.get_span_context().trace_state == dropped.get_span_context().trace_state
 
 
+def test_marks_without_attributes_stay_late_and_are_the_sdks() -> None:
+    """Events without attributes (the request span's first byte and first chunk) are written
+    with the span at its end, as the SDK's events: no live span for them (it cost a streamed
+    attempt more than its events)."""
+    (ours, started, span), (sdk,) = both(lambda: ParentBased(ALWAYS_ON), marked)
+    assert isinstance(span, LateSpan)
+    assert started == []
+    same(ours[0], sdk[0])
+    assert [e.name for e in ours[0].events] == ["llm_latency.first_byte", "llm_latency.first_chunk"]
+
+
 @pytest.mark.parametrize(
     ("case", "finish", "links", "limits"),
     [
@@ -269,6 +292,8 @@ def test_a_dropped_span_is_the_sdks() -> None:
             None,
         ),
         ("attribute count", plain, (), SpanLimits(max_span_attributes=3)),
+        ("an event with attributes", marked_with_attributes, (), None),
+        ("more events than the limit", marked, (), SpanLimits(max_events=1)),
         ("value length", plain, (), SpanLimits(max_attribute_length=4)),
     ],
 )
