@@ -24,7 +24,7 @@ SRC = Path(__file__).parents[1] / "src"
 #: apart) and of the layers below it; a name covers its package's modules.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the command line, on the public API
-    ("llm_latency.cli",),
+    ("llm_latency.cli", "llm_latency.advise"),
     # the public API: the package itself
     ("llm_latency",),
     # what OpenTelemetry loads by entry point

@@ -197,6 +197,77 @@ def watch(config_file: str, every: str | None, prometheus: str | None, rounds: i
     run_watch(config_file, every, prometheus, rounds)
 
 
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=9466, show_default=True)
+@click.option(
+    "--window",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    help="Seconds of calls each (service, host) window keeps.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=15.0,
+    show_default=True,
+    help="Seconds between two diagnoses.",
+)
+@click.option(
+    "--calls-per-window",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="The newest calls each window keeps at most.",
+)
+@click.option(
+    "--max-windows",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="(service, host) windows kept at most; the one idle longest goes first.",
+)
+@click.option(
+    "--settle",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds without a new span before a trace's calls are read.",
+)
+def advise(
+    host: str,
+    port: int,
+    window: float,
+    interval: float,
+    calls_per_window: int,
+    max_windows: int,
+    settle: float,
+) -> None:
+    """The findings service: diagnose a service's LLM calls continuously (Ctrl-C to stop).
+
+    \b
+    It receives spans over OTLP/HTTP (protobuf or JSON) at /v1/traces: the Collector sends
+    it a copy before sampling. Every interval it diagnoses the calls of each service and
+    provider host, and serves what it found:
+      /metrics         for Prometheus: the saving of each finding's fix, per service,
+                       host and rule (llm_latency_advice_*)
+      /                the findings, their fixes and savings (?service=NAME&host=HOST)
+      /findings.json   the same as JSON
+    """
+    from llm_latency.advise import Settings
+    from llm_latency.cli.advise_command import run_advise
+
+    settings = Settings(
+        window=window,
+        interval=interval,
+        per_key=calls_per_window,
+        max_keys=max_windows,
+        settle=settle,
+    )
+    run_advise(host, port, settings)
+
+
 cli.add_command(probe)
 cli.add_command(explain)
 
