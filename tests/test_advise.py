@@ -167,7 +167,8 @@ async def test_metrics_page_and_json(
     per_minute = seen["llm_latency_advice_saving_seconds_per_minute", key]
     assert per_minute == pytest.approx(pool.saved / pool.covered * 60)
     assert seen["llm_latency_advice_evidence", key] == pool.finding.evidence.count
-    info = key | {("fix", pool.finding.fix)}
+    page = f"{advise.url}/?service={SERVICE}&host=127.0.0.1"
+    info = key | {("fix", pool.finding.fix), ("page", page)}
     assert seen["llm_latency_advice_finding_info", info] == 1
     window = frozenset({"service": SERVICE, "host": "127.0.0.1"}.items())
     assert seen["llm_latency_advice_window_calls", window] == BURST
@@ -218,6 +219,38 @@ async def test_healthy_burst_raises_nothing(
     assert snapshot.windows[0].calls == BURST
     assert [a.rule for a in snapshot.advice if a.rule == "pool-queue"] == []
     assert "llm_latency_advice_saving_ratio{" not in get(f"{advise.url}/metrics")[2].decode()
+
+
+async def test_otlp_grpc_as_the_collector_sends_it(server: LLMServer) -> None:
+    """The SDK's OTLP/gRPC exporter, as the Collector's otlp_grpc and loadbalancing exporters
+    call TraceService/Export: the same pool finding as diagnose() on the program's spans."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GRPCSpanExporter,
+    )
+
+    from llm_latency.advise.grpc_input import grpc_server
+    from tests.servers import unused_port
+
+    advisor = Advisor(Settings(settle=0.0, interval=3600))
+    port = unused_port()
+    receiver = grpc_server(advisor, f"127.0.0.1:{port}")
+    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE}))
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    exporter = GRPCSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    llm_latency.instrument(tracer_provider=provider, meter_provider=MeterProvider(), configure=False)
+    try:
+        await burst(server)
+        provider.force_flush()
+    finally:
+        llm_latency.uninstrument()
+        provider.shutdown()
+        receiver.stop(1).wait()
+    own = diagnose(list(memory.get_finished_spans()))
+    found = advisor.run_diagnosis(everything=True).advice
+    assert own[0].rule == "pool-queue"
+    assert [a.finding for a in found] == own
 
 
 def test_bad_requests_are_refused(advise: AdviseServer) -> None:

@@ -5,7 +5,7 @@ of windows, and lets the old ones go."""
 from __future__ import annotations
 
 from llm_latency import semconv
-from llm_latency.advise.advisor import Advisor, Settings
+from llm_latency.advise.advisor import Advisor, Settings, complete
 from llm_latency.advise.windows import Assembler, Windows
 from llm_latency.diagnosis.records import Attempt, Call, Phase, SpanRecord
 
@@ -95,3 +95,12 @@ def test_the_advisor_holds_a_bounded_number_of_calls() -> None:
     assert len(snapshot.windows) == 4
     assert sum(w.calls for w in snapshot.windows) == 4 * 50
     assert snapshot.calls_dropped == 10_000 - 200
+
+
+def test_only_calls_whose_peers_have_all_arrived_are_diagnosed() -> None:
+    """A call that started within the longest call, the spans' delay and the settling time
+    before now may have peers still running or on their way: it waits for the next diagnosis."""
+    settings = Settings(delay=10.0, settle=5.0)
+    calls = [call(0, seconds=3.0), call(1), call(2)]
+    assert complete(calls, now_ns=19 * SECOND, settings=settings) == calls[:2]  # horizon 1 s
+    assert complete(calls, now_ns=20 * SECOND, settings=settings) == calls

@@ -112,6 +112,7 @@ RELEASED_IMAGES = {
     "alertmanager": "prom/alertmanager:v0.28.1",
     "grafana": "grafana/grafana:12.2.1",
     "probe": "python:3.12.8",
+    "advise": "python:3.12.8",
 }
 
 
@@ -262,7 +263,8 @@ def test_jaeger_memory_config_is_the_badger_one_with_memory_storage() -> None:
 
 def test_prometheus_config_is_valid() -> None:
     output = run("promtool", "check", "config", str(PROMETHEUS_CONFIG))
-    assert "2 rule files found" in output  # the programs' rules and the probe's
+    # the programs' rules, the probe's and the findings service's
+    assert "3 rule files found" in output
 
 
 def test_alerting_rules_are_valid() -> None:

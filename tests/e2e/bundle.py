@@ -26,8 +26,10 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -60,6 +62,7 @@ ADDRESSES = {
     "agent": f"{NET}.5",
     "gateway": f"{NET}.6",
     "jaeger-ttl": f"{NET}.7",  # a second Jaeger, with a short retention (tests/e2e/test_storage.py)
+    "advise": f"{NET}.8",  # llm-latency advise, the findings service
 }
 HOST_NAMES = {
     "otel-collector": ["otel-collector"],
@@ -70,6 +73,7 @@ HOST_NAMES = {
     "gateway": ["llm-latency-gateway.observability.svc.cluster.local"],
     "agent": [],
     "jaeger-ttl": [],
+    "advise": ["advise", "llm-latency-advise.observability.svc.cluster.local"],
 }
 
 #: The binary that runs each compose image.
@@ -299,6 +303,27 @@ class Bundle:
     def volume(self, service: str, volume: str) -> Path:
         """The folder that stands for the named volume ``volume`` of ``service``."""
         return self._folder(f"{service}-{volume}")
+
+    def advise_service(self, overrides: Sequence[str] = ()) -> Service:
+        """The compose ``advise`` service: its ``llm-latency advise`` command line, run from the
+        repository's source with this interpreter (as the probe's test runs ``watch``), on its
+        own address; ``overrides`` are more options (the last of an option wins)."""
+        (script,) = [a for a in compose_services()["advise"]["command"] if "llm-latency" in a]
+        arguments = shlex.split(script.split("exec llm-latency", 1)[1])
+        assert arguments[0] == "advise", arguments
+        address = ADDRESSES["advise"]
+        arguments[arguments.index("--host") + 1] = address
+        command = [
+            *_namespace_prefix([(hosts_file(self.directory, "advise"), Path("/etc/hosts"))]),
+            sys.executable,
+            "-m",
+            "llm_latency.cli",
+            *arguments,
+            *overrides,
+        ]
+        env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+        ready = self.url("advise", 9466, "/healthz")
+        return self._add(Service("advise", command, env, self.directory / "advise.log", ready))
 
     # -- the Helm collector tiers --------------------------------------------------------------
 

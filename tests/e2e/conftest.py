@@ -28,6 +28,12 @@ ALERT_SECONDS = 150.0
 
 RULES = ROOT / "deploy" / "compose" / "prometheus" / "rules"
 
+#: The findings service's options for the run: a window of a minute (5 in compose) and a
+#: diagnosis every 5 s (15), so that a finding shows within seconds and clears within a minute
+#: of the fix (tests/e2e/test_advise.py).
+ADVISE_WINDOW = 60.0
+ADVISE_OVERRIDES = ["--window", str(ADVISE_WINDOW), "--interval", "5", "--settle", "2"]
+
 #: What the checks saw, printed at the end of the run (the numbers behind deploy/README.md's
 #: "What was checked").
 SEEN: list[str] = []
@@ -114,22 +120,26 @@ class Run:
         return self.bundle.services["jaeger"]
 
 
-#: The override that makes one alert fire at once: the bundle's LLMRateLimited rule, with a
-#: `for:` of 0 s and a name of its own, in a rules file of the test's beside the bundle's.
+#: The overrides that make alerts fire at once: the bundle's LLMRateLimited and LLMFixWouldSave
+#: rules, each with a `for:` of 0 s and a name of its own, in a rules file of the test's beside
+#: the bundle's (which run unchanged).
 def _override_rules(directory: Path) -> Path:
     import yaml
 
-    rules = yaml.safe_load((RULES / "llm-latency.rules.yaml").read_text())
-    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LLMRateLimited"]
-    override = {**rule, "alert": "LLMRateLimitedNow", "for": "0s"}
+    overrides = []
+    for file, name in (
+        ("llm-latency.rules.yaml", "LLMRateLimited"),
+        ("llm-latency-advice.rules.yaml", "LLMFixWouldSave"),
+    ):
+        rules = yaml.safe_load((RULES / file).read_text())
+        (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == name]
+        overrides.append({**rule, "alert": f"{name}Now", "for": "0s"})
     folder = directory / "rules"
     folder.mkdir()
     for rules_file in RULES.glob("*.yaml"):  # the programs' rules and the probe's
         shutil.copy(rules_file, folder / rules_file.name)
     (folder / "e2e-override.rules.yaml").write_text(
-        yaml.safe_dump(
-            {"groups": [{"name": "e2e-override", "interval": "5s", "rules": [override]}]}
-        )
+        yaml.safe_dump({"groups": [{"name": "e2e-override", "interval": "5s", "rules": overrides}]})
     )
     return folder
 
@@ -141,6 +151,7 @@ def run() -> Iterator[Run]:
     bundle.compose_service("jaeger")
     bundle.compose_service("alertmanager")
     bundle.compose_service("prometheus", extra_binds=[(_override_rules(directory), RULES)])
+    bundle.advise_service(ADVISE_OVERRIDES)
     bundle.compose_service("otel-collector")
     workloads: list[Workload] = []
     try:

@@ -19,6 +19,9 @@ truth that Jaeger's answers are compared with.
   environment), as for a program that sets up nothing itself: its one warning, its exit budget.
 - ``sampling``: traces for the tail-sampling gateway: healthy ones, failed ones, a slow one,
   and traces of several calls.
+- ``burst``: the seed's program for ``--seconds``: 30 requests at once through one aiohttp
+  session whose ``TCPConnector(limit_per_host=--limit-per-host)`` holds 5 by default, to a slow
+  loopback server, again every ``--pause`` seconds (the findings service's pool finding).
 """
 
 from __future__ import annotations
@@ -344,9 +347,31 @@ async def sampling(healthy: int) -> None:
         await asyncio.gather(post(status=500), post(status=429), post(wait=31), batch())
 
 
+#: The seed's burst: requests at once, and how long the server takes to answer each (s).
+BURST = 30
+BURST_WAIT = 0.5
+
+
+async def bursts(seconds: float, pause: float, limit_per_host: int) -> None:
+    rounds = 0
+    connector = aiohttp.TCPConnector(limit_per_host=limit_per_host)
+    async with llm_server() as server, aiohttp.ClientSession(connector=connector) as client:
+
+        async def one() -> None:
+            async with client.post(server.url(wait=BURST_WAIT), json={}) as response:
+                await response.read()
+
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.gather(*(one() for _ in range(BURST)))
+            rounds += 1
+            await asyncio.sleep(pause)
+    print(f"bursts {rounds}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["calls", "alerts", "steady", "sampling"])
+    parser.add_argument("mode", choices=["calls", "alerts", "steady", "sampling", "burst"])
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--endpoint", help="the collector's OTLP host:port")
     parser.add_argument("--service", help="service.name")
@@ -356,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--pause", type=float, default=0.2)
     parser.add_argument("--healthy", type=int, default=400)
+    parser.add_argument("--limit-per-host", type=int, default=5, help="burst: the pool's size")
     parser.add_argument("--metric-interval-ms", type=int, default=1000)
     args = parser.parse_args(argv)
     providers: tuple[TracerProvider, MeterProvider] | None = None
@@ -371,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
         "alerts": lambda: alert_scenarios(args.seconds),
         "steady": lambda: steady(args.seconds, args.pause),
         "sampling": lambda: sampling(args.healthy),
+        "burst": lambda: bursts(args.seconds, args.pause, args.limit_per_host),
     }[args.mode]
     started = time.monotonic()
     try:

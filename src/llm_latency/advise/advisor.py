@@ -41,6 +41,9 @@ class Settings:
     max_age: float = 60.0
     #: Spans held for unsettled traces at most.
     max_pending: int = 200_000
+    #: Seconds a span may take to arrive after its call ended (the SDK's batch delay, 5 s by
+    #: default, then the Collector's batches): see :func:`complete`.
+    delay: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,9 @@ class Advisor:
             self._windows.add(calls)
 
     def run_diagnosis(self, now_ns: int | None = None, *, everything: bool = False) -> Snapshot:
-        """Reads the settled traces (all: ``everything``), lets the calls older than the window
-        go, diagnoses each window and publishes the :class:`Snapshot`."""
+        """Reads the settled traces, lets the calls older than the window go, diagnoses each
+        window's :func:`complete` calls and publishes the :class:`Snapshot`; ``everything``:
+        every trace and every call, as at the end of a run."""
         cpu = time.thread_time()
         now_ns = time.time_ns() if now_ns is None else now_ns
         with self._lock:
@@ -131,9 +135,14 @@ class Advisor:
             pending = self._assembler.pending
         advice: list[Advice] = []
         states: list[WindowState] = []
-        for key, calls in sorted(windows.items()):
+        for key, every_call in sorted(windows.items()):
+            states.append(
+                WindowState(*key, len(every_call), _covered(every_call, now_ns, self.settings))
+            )
+            calls = every_call if everything else complete(every_call, now_ns, self.settings)
+            if not calls:
+                continue
             covered = _covered(calls, now_ns, self.settings)
-            states.append(WindowState(key[0], key[1], len(calls), covered))
             try:
                 findings = diagnose(calls)
             except Exception:  # one window's bad data must not stop the others' diagnosis
@@ -153,6 +162,19 @@ class Advisor:
             errors=self._errors,
         )
         return self.snapshot
+
+
+def complete(calls: Sequence[Call], now_ns: int, settings: Settings) -> list[Call]:
+    """The calls that started before the others of their time could still be on their way:
+    a call that ran beside them and is still running, or whose spans are still in a batch
+    or an unsettled trace, would be missing from the diagnosis, which would see fewer calls at
+    once than there were (a pool of 30 in flight read as 10). The horizon is the window's
+    longest call, the spans' :attr:`Settings.delay` and :attr:`Settings.settle` before now."""
+    if not calls:
+        return []
+    longest = max(call.duration for call in calls)
+    horizon = now_ns - int((longest + settings.delay + settings.settle) * 1e9)
+    return [call for call in calls if call.start_ns <= horizon]
 
 
 def _covered(calls: Sequence[Call], now_ns: int, settings: Settings) -> float:

@@ -3,8 +3,9 @@
 Per (service, host, rule): the saving's share of the calls' time
 (``llm_latency_advice_saving_ratio``, what the alert reads), the seconds it saves per minute
 and the evidence's count; ``llm_latency_advice_finding_info`` carries the fix in words in its
-``fix`` label, for the alert's notification. The rules are a fixed set and the keys are bounded
-(:class:`~llm_latency.advise.advisor.Settings`), so are the series. Then the service's own
+``fix`` label and the address of its page in ``page``, for the alert's notification. The rules
+are a fixed set and the keys are bounded (:class:`~llm_latency.advise.advisor.Settings`), so
+are the series. Then the service's own
 health: spans received, calls let go early, the diagnosis's CPU time.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from llm_latency.advise.advisor import Snapshot
+from llm_latency.advise.page import link
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: The longest ``fix`` label written (a fix is a sentence; a label is no place for a page).
@@ -42,8 +44,9 @@ class _Family:
         self.lines.append(f"{self.name}{_labels(labels)} {_number(value)}")
 
 
-def exposition(snapshot: Snapshot) -> str:
-    """The metrics of ``snapshot`` as the text a Prometheus scrape reads."""
+def exposition(snapshot: Snapshot, base_url: str = "") -> str:
+    """The metrics of ``snapshot`` as the text a Prometheus scrape reads; ``base_url``: where
+    the findings page is served to its readers, for the ``page`` label."""
     ratio = _Family(
         "llm_latency_advice_saving_ratio",
         "gauge",
@@ -62,14 +65,15 @@ def exposition(snapshot: Snapshot) -> str:
     info = _Family(
         "llm_latency_advice_finding_info",
         "gauge",
-        "The current findings, 1 each; the fix in words in the fix label.",
+        "The current findings, 1 each; the fix in words in fix, the findings page in page.",
     )
     for advice in snapshot.advice:
         key = (("service", advice.service), ("host", advice.host), ("rule", advice.rule))
         ratio.add(advice.share, *key)
         per_minute.add(advice.per_minute, *key)
         evidence.add(advice.finding.evidence.count, *key)
-        info.add(1, *key, ("fix", advice.finding.fix[:MAX_FIX]))
+        page = base_url.rstrip("/") + link(advice.service, advice.host)
+        info.add(1, *key, ("fix", advice.finding.fix[:MAX_FIX]), ("page", page))
     calls = _Family(
         "llm_latency_advice_window_calls", "gauge", "Calls in each window at the last diagnosis."
     )

@@ -1,6 +1,7 @@
-"""An OTLP/HTTP trace export request read into :class:`SpanRecord`\\ s: protobuf
+"""An OTLP trace export request read into :class:`SpanRecord`\\ s: protobuf
 (``application/x-protobuf``, what the Collector's ``otlp_http`` exporter and the SDK send by
-default) or JSON (``application/json``, read by :mod:`llm_latency.trace_json` as a trace file).
+default) or JSON (``application/json``, read by :mod:`llm_latency.trace_json` as a trace file),
+or the message an OTLP/gRPC export carries (:func:`spans_of_message`).
 
 Only what the diagnosis reads is kept of each span: its ids, name, kind, times, scope, service
 and attributes. A request that does not parse is refused whole (:class:`BadRequest`), as the
@@ -68,8 +69,13 @@ def spans_of_request(body: bytes, content_type: str | None) -> list[SpanRecord]:
             request.ParseFromString(body)
         except DecodeError as exc:
             raise BadRequest(f"the body is not an OTLP protobuf request: {exc}") from None
-        return list(_protobuf_spans(request))
+        return spans_of_message(request)
     raise BadRequest(f"unsupported Content-Type {content_type!r}")
+
+
+def spans_of_message(request: ExportTraceServiceRequest) -> list[SpanRecord]:
+    """The spans of a parsed export request (protobuf, or received over gRPC)."""
+    return list(_protobuf_spans(request))
 
 
 def _protobuf_spans(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:

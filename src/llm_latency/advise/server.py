@@ -38,9 +38,13 @@ class AdviseServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], advisor: Advisor) -> None:
+    def __init__(
+        self, address: tuple[str, int], advisor: Advisor, external_url: str | None = None
+    ) -> None:
         super().__init__(address, _Handler)
         self.advisor = advisor
+        #: Where the page's readers reach this server (the alert links there).
+        self.external_url = external_url or self.url
         self._stop = threading.Event()
         self._diagnosis = threading.Thread(
             target=self._diagnose_every_interval, name="llm-latency-advise", daemon=True
@@ -105,7 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
         host = query.get("host", [None])[0]
         snapshot = self.server.advisor.snapshot
         if parts.path == "/metrics":
-            self._send(200, CONTENT_TYPE, exposition(snapshot).encode())
+            self._send(200, CONTENT_TYPE, exposition(snapshot, self.server.external_url).encode())
         elif parts.path == "/findings.json":
             text = json.dumps(as_json(snapshot, service, host), indent=1)
             self._send(200, "application/json", text.encode())

@@ -235,6 +235,18 @@ def watch(config_file: str, every: str | None, prometheus: str | None, rounds: i
     show_default=True,
     help="Seconds without a new span before a trace's calls are read.",
 )
+@click.option(
+    "--external-url",
+    metavar="URL",
+    help="Where readers reach the findings page (the alert links there). Default: the "
+    "address it listens on.",
+)
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    help="Also receive OTLP/gRPC on this port (the Collector's otlp_grpc and loadbalancing "
+    "exporters; needs the grpc extra).",
+)
 def advise(
     host: str,
     port: int,
@@ -243,13 +255,15 @@ def advise(
     calls_per_window: int,
     max_windows: int,
     settle: float,
+    external_url: str | None,
+    grpc_port: int | None,
 ) -> None:
     """The findings service: diagnose a service's LLM calls continuously (Ctrl-C to stop).
 
     \b
-    It receives spans over OTLP/HTTP (protobuf or JSON) at /v1/traces: the Collector sends
-    it a copy before sampling. Every interval it diagnoses the calls of each service and
-    provider host, and serves what it found:
+    It receives spans over OTLP/HTTP (protobuf or JSON) at /v1/traces, and over OTLP/gRPC
+    with --grpc-port: the Collector sends it a copy before sampling. Every interval it
+    diagnoses the calls of each service and provider host, and serves what it found:
       /metrics         for Prometheus: the saving of each finding's fix, per service,
                        host and rule (llm_latency_advice_*)
       /                the findings, their fixes and savings (?service=NAME&host=HOST)
@@ -265,7 +279,7 @@ def advise(
         max_keys=max_windows,
         settle=settle,
     )
-    run_advise(host, port, settings)
+    run_advise(host, port, settings, external_url, grpc_port)
 
 
 cli.add_command(probe)
