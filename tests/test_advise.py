@@ -239,7 +239,9 @@ async def test_otlp_grpc_as_the_collector_sends_it(server: LLMServer) -> None:
     provider.add_span_processor(SimpleSpanProcessor(memory))
     exporter = GRPCSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True)
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
-    llm_latency.instrument(tracer_provider=provider, meter_provider=MeterProvider(), configure=False)
+    llm_latency.instrument(
+        tracer_provider=provider, meter_provider=MeterProvider(), configure=False
+    )
     try:
         await burst(server)
         provider.force_flush()
