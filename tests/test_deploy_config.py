@@ -276,6 +276,35 @@ def test_alerting_rules_pass_their_unit_tests() -> None:
     run("promtool", "test", "rules", str(RULES_TEST_FILE))
 
 
+ADVICE_RULES = COMPOSE / "prometheus" / "rules" / "llm-latency-advice.rules.yaml"
+ADVICE_RULES_TEST = COMPOSE / "prometheus" / "tests" / "llm-latency-advice.rules.test.yaml"
+
+
+def test_the_findings_services_alert_is_valid_tested_and_documented() -> None:
+    """LLMFixWouldSave (the findings service's rules): valid, its promtool unit tests pass, it
+    reads the metrics the service exports, and deploy/README.md has its runbook."""
+    output = run("promtool", "check", "rules", str(ADVICE_RULES))
+    assert "1 rules found" in output
+    run("promtool", "test", "rules", str(ADVICE_RULES_TEST))
+    (rule,) = [r for g in load_yaml(ADVICE_RULES)["groups"] for r in g["rules"]]
+    assert rule["alert"] == "LLMFixWouldSave" and rule["for"] == "15m"
+    text = " ".join(str(value) for value in rule["annotations"].values()) + rule["expr"]
+    assert set(re.findall(r"llm_latency_advice_\w+", text)) <= ADVICE_METRICS
+    assert "deploy/README.md#llmfixwouldsave" in " ".join(rule["annotations"]["runbook"].split())
+    assert "### LLMFixWouldSave" in README.read_text()
+
+
+def test_the_advice_metrics_are_those_the_service_exports() -> None:
+    from llm_latency.advise.advisor import Advice, Snapshot
+    from llm_latency.advise.exposition import exposition
+    from llm_latency.diagnosis import Evidence, Finding
+
+    finding = Finding("pool-queue", "cause", Evidence("http.queue", 0.5, 1, 2, 3, 4), "fix", None)
+    text = exposition(Snapshot(advice=(Advice("app", "h", finding, 1, 0.5, 2, 4, 60),)))
+    exported = set(re.findall(r"^(llm_latency_advice_\w+)\{", text, re.MULTILINE))
+    assert ADVICE_METRICS <= exported
+
+
 def test_every_alert_has_a_unit_test_that_fires_on_a_bad_series_and_not_on_a_good_one() -> None:
     """Each alert has a test that expects it to fire, whose input also has a series that it must
     not fire for (another host, program or phase: the test's expected alerts list every alert
@@ -409,11 +438,21 @@ def test_the_queries_cover_every_metric_of_the_contract() -> None:
         assert name in text, name
 
 
+#: The findings service's metrics (llm-latency advise: src/llm_latency/advise/exposition.py),
+#: which the dashboard's "What to fix now" row reads.
+ADVICE_METRICS = {
+    "llm_latency_advice_saving_ratio",
+    "llm_latency_advice_saving_seconds_per_minute",
+    "llm_latency_advice_evidence",
+    "llm_latency_advice_finding_info",
+}
+
+
 def test_the_queries_select_only_metrics_of_the_contract() -> None:
     """A misspelt name returns no data and raises no error: every metric a query selects is one
-    the program exports."""
+    the program (or the findings service) exports."""
     for query in all_queries():
-        unknown = selected_metrics(query) - CONTRACT_METRICS - SPAN_METRICS
+        unknown = selected_metrics(query) - CONTRACT_METRICS - SPAN_METRICS - ADVICE_METRICS
         assert not unknown, (query.where, sorted(unknown))
 
 

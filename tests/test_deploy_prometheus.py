@@ -184,6 +184,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
 #: this Prometheus scrapes the program alone, so the queries of them are checked against the
 #: real Collector by tests/e2e/test_metrics.py (make e2e), not here.
 SPAN_METRICS = "traces_span_metrics_"
+#: The findings service's metrics (llm-latency advise): the same, checked by
+#: tests/e2e/test_metrics.py against the bundle's Prometheus scraping the real service.
+ADVICE_METRICS = "llm_latency_advice_"
 
 
 def without_offsets(promql: str) -> str:
@@ -195,7 +198,7 @@ def checks() -> list[tuple[Query, str]]:
     """(query, PromQL that must return data): the dashboard's and datasources' queries as they
     are; each alert as the parts of it that must have data (data_checks), without their offsets
     (:func:`without_offsets`). Not the parts that read the Collector's span metrics
-    (:data:`SPAN_METRICS`)."""
+    (:data:`SPAN_METRICS`) or the findings service's (:data:`ADVICE_METRICS`)."""
     import promql_parser
 
     result = []
@@ -204,7 +207,7 @@ def checks() -> list[tuple[Query, str]]:
             parsed = data_checks(promql_parser.parse(query.promql))
             parts = [without_offsets(str(part)) for part in parsed]
             result += [(query, part) for part in parts if SPAN_METRICS not in part]
-        elif SPAN_METRICS not in query.promql:
+        elif SPAN_METRICS not in query.promql and ADVICE_METRICS not in query.promql:
             result.append((query, query.promql))
     return result
 
