@@ -35,7 +35,7 @@ class Settings:
     interval: float = 15.0
     #: Calls kept per (service, host) at most, and (service, host) keys at most.
     per_key: int = 2000
-    max_keys: int = 200
+    max_keys: int = 50
     #: A trace is read into calls when no span of it came for this long (s), or at this age.
     settle: float = 5.0
     max_age: float = 60.0

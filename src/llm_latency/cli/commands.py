@@ -224,7 +224,7 @@ def watch(config_file: str, every: str | None, prometheus: str | None, rounds: i
 @click.option(
     "--max-windows",
     type=click.IntRange(min=1),
-    default=200,
+    default=50,
     show_default=True,
     help="(service, host) windows kept at most; the one idle longest goes first.",
 )
