@@ -9,14 +9,18 @@ is applied to the first program (its pool as the finding says) and the finding c
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
-from tests.e2e.bundle import get_json, wait_for
+from tests.e2e.bundle import ADDRESSES, HELM, get_json, wait_for
 from tests.e2e.conftest import ADVISE_WINDOW, Run, report, start_workload
 from tests.e2e.test_metrics import query
+from tests.e2e.test_traces import jaeger_traces
 
 LIMITED, HEALTHY = "e2e-burst", "e2e-burst-pooled"
+HELM_SERVICE = "e2e-burst-helm"
+OUTAGE_SERVICE = "e2e-advise-outage"
 #: How long each program runs its bursts (s): the findings show within a diagnosis or two.
 SECONDS = 60
 
@@ -24,6 +28,13 @@ SECONDS = 60
 def findings(run: Run, service: str) -> list[dict[str, Any]]:
     url = run.bundle.url("advise", 9466, "/findings.json")
     answer: list[dict[str, Any]] = get_json(url, {"service": service})["findings"]
+    return answer
+
+
+def windows(run: Run) -> list[dict[str, Any]]:
+    answer: list[dict[str, Any]] = get_json(run.bundle.url("advise", 9466, "/findings.json"))[
+        "windows"
+    ]
     return answer
 
 
@@ -127,3 +138,65 @@ def test_pool_burst_alert_with_its_fix_then_the_fix_clears_it(run: Run) -> None:
     )
     report(f"advise: the pool finding of {LIMITED} cleared once its pool was 30")
     fixed.wait(timeout=ADVISE_WINDOW + 100)
+
+
+def test_the_helm_agent_sends_its_copy_through_load_balancing(run: Run) -> None:
+    """deploy/helm/otel-collector-agent.values.yaml: the agent's load_balancing/advise exporter
+    (routing_key: service, the advise Service's name resolved to the service's address) brings
+    the burst's spans to the findings service, before any sampling (no gateway runs here: the
+    agent's traces to it wait in their own queue, and the advise copy goes on)."""
+    agent = run.bundle.helm_collector("agent", HELM / "otel-collector-agent.values.yaml")
+    agent.start()
+    try:
+        workload = start_workload(
+            run.directory, "burst", HELM_SERVICE, "--seconds", "20", "--protocol", "grpc",
+            endpoint=f"{ADDRESSES['agent']}:4317",
+        )  # fmt: skip
+        pool = wait_for(
+            lambda: [f for f in findings(run, HELM_SERVICE) if f["rule"] == "pool-queue"],
+            timeout=90,
+            interval=2,
+            what="the pool finding of the spans sent through the Helm agent",
+        )[0]
+        workload.wait(timeout=60)
+    finally:
+        agent.stop()
+    assert "aiohttp.TCPConnector(" in pool["finding"]["fix"]
+    report(f"advise: pool-queue for {HELM_SERVICE}, through the Helm agent's load_balancing/advise")
+
+
+def test_advise_killed_and_restarted_loses_nothing_of_the_traces(run: Run) -> None:
+    """The findings service holds a side copy: killed (SIGKILL) for 15 s under traffic, every
+    span the program exported still reaches Jaeger, and once restarted it refills its window
+    from the spans that come next."""
+    advise = run.bundle.services["advise"]
+    workload = start_workload(
+        run.directory, "steady", OUTAGE_SERVICE, "--seconds", "45", "--pause", "0.2"
+    )
+    try:
+        wait_for(
+            lambda: any(w["service"] == OUTAGE_SERVICE for w in windows(run)),
+            timeout=60,
+            what="the steady calls in the findings service's window",
+        )
+        advise.stop(signal.SIGKILL)
+        time.sleep(15)
+    finally:
+        advise.start()
+    workload.wait(timeout=120)
+    recorded = {(span["trace_id"], span["span_id"]) for span in workload.spans()}
+
+    def stored() -> set[tuple[str, str]]:
+        traces = jaeger_traces(run, OUTAGE_SERVICE)
+        return {(trace, span["spanID"]) for trace in traces for span in traces[trace]}
+
+    wait_for(lambda: recorded <= stored(), timeout=60, what="every span in Jaeger")
+    refilled = wait_for(
+        lambda: [w for w in windows(run) if w["service"] == OUTAGE_SERVICE],
+        timeout=60,
+        what="the restarted service's window",
+    )
+    report(
+        f"advise killed for 15 s: Jaeger has all {len(recorded)} spans of {OUTAGE_SERVICE}; "
+        f"restarted, its window refilled ({refilled[0]['calls']} calls)"
+    )

@@ -36,6 +36,7 @@ COMPOSE_PORTS = {
     "jaeger": {4317, 4318, 8888, 13133, 16685, 16686},
     "prometheus": {9090},
     "alertmanager": {9093},
+    "advise": {4317, 9466},  # llm-latency advise: OTLP/gRPC in; OTLP/HTTP in, page and metrics
 }
 #: The same for the Helm collector tiers (their values' ``config``).
 HELM_PORTS = {"agent": {4317, 4318, 8889, 13133}, "gateway": {4317, 13133}}
@@ -63,7 +64,11 @@ def proc_address(hex_address: str) -> str:
     raw = bytes.fromhex(hex_address)
     if sys.byteorder == "little":
         raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(raw))
+    address = ipaddress.ip_address(raw)
+    # An IPv4-mapped address (grpcio binds "127.0.10.8:4317" as ::ffff:127.0.10.8 on an IPv6
+    # socket) receives on that IPv4 address only.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
 
 
 def receiving_sockets() -> dict[int, Socket]:
@@ -122,7 +127,7 @@ def check_on_its_address(service: Service, ports: set[int]) -> set[Socket]:
     found = listening(service)
     elsewhere = sorted(str(s) for s in found if s.address != ADDRESSES[service.name])
     assert not elsewhere, f"{service.name} listens beyond {ADDRESSES[service.name]}: {elsewhere}"
-    missing = ports - {s.port for s in found if s.protocol == "tcp"}
+    missing = ports - {s.port for s in found if s.protocol in ("tcp", "tcp6")}
     assert not missing, f"{service.name} does not listen on {sorted(missing)}: {sorted(found)}"
     return found
 
