@@ -17,16 +17,18 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser
 
 import llm_latency
 from llm_latency.advise import AdviseServer, Advisor, Settings
 from llm_latency.diagnosis.records import from_readable_spans
+from tests import test_html_report
 from tests.servers import llm_server
-from tests.test_html_report import CHROMIUM, CHROMIUM_ARGS
 
 LIMITED, POOLED = "checkout", "search"
 FIX = "aiohttp.TCPConnector(limit=30, limit_per_host=30)"
+#: Debian's chromium, launched as tests/test_html_report.py launches it.
+browser = test_html_report.browser
 
 
 async def burst(limit_per_host: int) -> None:
@@ -68,14 +70,6 @@ def advise() -> Iterator[AdviseServer]:
     yield server
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def test_the_page_renders_the_findings_and_every_link_works(
