@@ -138,7 +138,9 @@ class Demo:
 
     async def fresh_vs_pooled(self) -> list[Scene]:
         async def fresh() -> None:
-            session, resolver = self.session(force_close=True, use_dns_cache=False)
+            # a client per request, as a program that makes one per call (no force_close:
+            # the diagnosis would name that setting instead)
+            session, resolver = self.session(use_dns_cache=False)
             async with session:
                 await self.post(session)
             await resolver.close()

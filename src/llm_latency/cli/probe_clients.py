@@ -75,30 +75,47 @@ async def _probe_aiohttp(
     import aiohttp
 
     resolver = aiohttp.AsyncResolver(nameservers=[options.dns]) if options.dns else None
-    connector = aiohttp.TCPConnector(
-        ssl=_ssl_context(options.ca_file) if options.ca_file else True,
-        resolver=resolver,
-        force_close=options.fresh,
-        use_dns_cache=not options.fresh,
-        limit=max(options.concurrency, 1),
-    )
-    # trust_env: HTTPS_PROXY and NO_PROXY, as httpx and requests read them by default.
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=options.timeout), trust_env=True
-    ) as session:
+    ssl: Any = _ssl_context(options.ca_file) if options.ca_file else True
 
-        async def one() -> None:
-            async with session.request(
+    def session() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            ssl=ssl,
+            resolver=resolver,
+            use_dns_cache=not options.fresh,
+            limit=max(options.concurrency, 1),
+        )
+        # trust_env: HTTPS_PROXY and NO_PROXY, as httpx and requests read them by default.
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=options.timeout),
+            trust_env=True,
+        )
+
+    # --fresh: a session per request, as a program that makes a client per call does (as
+    # the other clients' probes do), so that the diagnosis speaks of that program
+    shared = None if options.fresh else session()
+
+    async def one() -> None:
+        own = session() if shared is None else None
+        active = own if own is not None else shared
+        assert active is not None
+        try:
+            async with active.request(
                 request.method, url, headers=request.headers, data=request.body
             ) as response:
                 async for _ in response.content.iter_any():
                     pass
-
-        try:
-            await _run_many(options.n, options.concurrency, one, errors)
         finally:
-            if resolver is not None:
-                await resolver.close()
+            if own is not None:
+                await own.close()
+
+    try:
+        await _run_many(options.n, options.concurrency, one, errors)
+    finally:
+        if shared is not None:
+            await shared.close()
+        if resolver is not None:
+            await resolver.close()
 
 
 async def _probe_httpx2(
