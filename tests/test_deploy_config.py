@@ -88,7 +88,7 @@ def test_compose_pins_every_image_and_uses_one_network() -> None:
     services = compose["services"]
     images = {name: service["image"] for name, service in services.items()}
     assert images["otel-collector"] == "otel/opentelemetry-collector-contrib:0.159.0"
-    assert images["jaeger"] == "jaegertracing/jaeger:2.13.0"
+    assert images["jaeger"] == "jaegertracing/jaeger:2.12.0"
     assert {"prometheus", "grafana", "alertmanager"} <= set(services)
     for name, image in images.items():
         repository, _, tag = image.rpartition(":")
@@ -107,7 +107,7 @@ def test_compose_pins_every_image_and_uses_one_network() -> None:
 #: released is not pinned.
 RELEASED_IMAGES = {
     "otel-collector": "otel/opentelemetry-collector-contrib:0.159.0",
-    "jaeger": "jaegertracing/jaeger:2.13.0",
+    "jaeger": "jaegertracing/jaeger:2.12.0",
     "prometheus": "prom/prometheus:v3.13.1",
     "alertmanager": "prom/alertmanager:v0.28.1",
     "grafana": "grafana/grafana:12.2.1",
@@ -1151,7 +1151,7 @@ def test_jaeger_chart_values_use_only_keys_of_the_chart() -> None:
     assert unknown_keys(values, chart) == []
     # The image tag goes where the Jaeger Deployment reads it, not the top-level `tag`.
     assert "tag" not in values
-    assert values["jaeger"]["image"]["tag"] == "2.13.0"
+    assert values["jaeger"]["image"]["tag"] == "2.12.0"
     requests = values["jaeger"]["resources"]["requests"]
     assert requests["cpu"] and requests["memory"]
     backends = values["userconfig"]["extensions"]["jaeger_storage"]["backends"]
