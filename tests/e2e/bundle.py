@@ -28,6 +28,7 @@ import os
 import re
 import shlex
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -53,6 +54,9 @@ BUILDS = Path(os.environ.get("LLM_LATENCY_BUNDLE_BUILDS", ROOT / ".tools" / "bun
 #: The loopback /24 the services listen in: another one (``LLM_LATENCY_E2E_NET=127.0.11``) lets
 #: two runs of the bundle share a machine, since the services' ports are fixed.
 NET = os.environ.get("LLM_LATENCY_E2E_NET", "127.0.10")
+#: The gateway tier's headless Service, which the agents' load_balancing exporter resolves.
+GATEWAY_SERVICE = "llm-latency-gateway.observability.svc.cluster.local"
+
 #: Each service's own loopback address, and the host names that reach it.
 ADDRESSES = {
     "otel-collector": f"{NET}.1",
@@ -63,17 +67,28 @@ ADDRESSES = {
     "gateway": f"{NET}.6",
     "jaeger-ttl": f"{NET}.7",  # a second Jaeger, with a short retention (tests/e2e/test_storage.py)
     "advise": f"{NET}.8",  # llm-latency advise, the findings service
+    # the second gateway pod, and the Jaeger it exports to (tests/e2e/test_tail_sampling.py)
+    "gateway-2": f"{NET}.14",
+    "jaeger-2": f"{NET}.9",
+    # the control plane the probe chart is installed into (tests/e2e/kube.py)
+    "etcd": f"{NET}.20",
+    "kube-apiserver": f"{NET}.21",
 }
 HOST_NAMES = {
     "otel-collector": ["otel-collector"],
     "jaeger": ["jaeger", "jaeger.observability.svc.cluster.local"],
     "prometheus": ["prometheus"],
     "alertmanager": ["alertmanager"],
-    # deploy/helm/otel-collector-agent.values.yaml: the load_balancing exporter's resolver
-    "gateway": ["llm-latency-gateway.observability.svc.cluster.local"],
+    # deploy/helm/otel-collector-agent.values.yaml: the load_balancing exporter's resolver, the
+    # gateway's headless Service: one address per gateway pod
+    "gateway": [GATEWAY_SERVICE],
+    "gateway-2": [GATEWAY_SERVICE],
     "agent": [],
     "jaeger-ttl": [],
     "advise": ["advise", "llm-latency-advise.observability.svc.cluster.local"],
+    "jaeger-2": [],
+    "etcd": [],
+    "kube-apiserver": [],
 }
 
 #: The binary that runs each compose image.
@@ -106,13 +121,25 @@ def binary(name: str) -> Path:
     return path
 
 
-def hosts_file(directory: Path, service: str) -> Path:
-    """An /etc/hosts for ``service``: every service's names, and localhost as itself."""
-    lines = [f"{ADDRESSES[service]} localhost"]
+def hosts_file(
+    directory: Path, service: str, names: Mapping[str, Sequence[str]] | None = None
+) -> Path:
+    """An /etc/hosts for ``service``: every service's names, and localhost as itself; ``names``
+    gives some host names other addresses (a name with none is left out).
+
+    Written in place: a service started with it (a bind mount of the file) reads the new
+    contents at its next lookup, as a pod's resolver sees a Service's endpoints change."""
+    table: dict[str, list[str]] = {}
     for name, address in ADDRESSES.items():
-        lines += [f"{address} {host}" for host in HOST_NAMES[name]]
+        for host in HOST_NAMES[name]:
+            table.setdefault(host, []).append(address)
+    table.update({host: list(addresses) for host, addresses in (names or {}).items()})
+    lines = [f"{ADDRESSES[service]} localhost"]
+    lines += [f"{address} {host}" for host, addresses in table.items() for address in addresses]
     path = directory / f"hosts.{service}"
-    path.write_text("\n".join(lines) + "\n")
+    with path.open("r+" if path.exists() else "w") as file:  # the same inode: see above
+        file.write("\n".join(lines) + "\n")
+        file.truncate()
     return path
 
 
@@ -175,6 +202,8 @@ class Service:
     ready_url: str
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    #: For a ``ready_url`` served over HTTPS with a certificate of the service's own making.
+    ready_context: ssl.SSLContext | None = None
 
     def start(self, timeout: float = 60) -> None:
         # A second process on the same data would fail on it (Badger: "Cannot acquire directory
@@ -182,7 +211,7 @@ class Service:
         if self.process is not None and self.process.poll() is None:
             pytest.fail(f"{self.name} started again while its process {self.process.pid} runs")
         with contextlib.suppress(OSError, urllib.error.URLError):
-            urllib.request.urlopen(self.ready_url, timeout=2).close()
+            urllib.request.urlopen(self.ready_url, timeout=2, context=self.ready_context).close()
             pytest.fail(
                 f"{self.ready_url} answers before {self.name} starts: a bundle left running?"
             )
@@ -202,7 +231,9 @@ class Service:
             if self.process.poll() is not None:
                 pytest.fail(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
             with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(self.ready_url, timeout=2) as response:
+                with urllib.request.urlopen(
+                    self.ready_url, timeout=2, context=self.ready_context
+                ) as response:
                     if response.status == 200:
                         return
             time.sleep(0.2)
@@ -327,16 +358,25 @@ class Bundle:
 
     # -- the Helm collector tiers --------------------------------------------------------------
 
-    def helm_collector(self, name: str, values: Path, overrides: Sequence[str] = ()) -> Service:
+    def helm_collector(
+        self,
+        name: str,
+        values: Path,
+        overrides: Sequence[str] = (),
+        *,
+        names: Mapping[str, Sequence[str]] | None = None,
+    ) -> Service:
         """A collector tier of deploy/helm/ with its values' ``config`` as the chart renders it
         (a null removes the chart's default key), on its own address as its pod IP;
-        ``overrides`` are the collector's own ``--set`` options."""
+        ``overrides`` are the collector's own ``--set`` options, ``names`` host names that
+        resolve elsewhere for it (``hosts_file``)."""
         config = _drop_nulls(yaml.safe_load(values.read_text())["config"])
         path = self.directory / f"{name}.config.yaml"
         path.write_text(yaml.safe_dump(config))
         address = ADDRESSES[name]
+        hosts = hosts_file(self.directory, name, names)
         command = [
-            *_namespace_prefix([(hosts_file(self.directory, name), Path("/etc/hosts"))]),
+            *_namespace_prefix([(hosts, Path("/etc/hosts"))]),
             str(binary("otelcol-llm-latency")),
             f"--config={path}",
             *(f"--set={override}" for override in overrides),
@@ -345,6 +385,10 @@ class Bundle:
         return self._add(
             Service(name, command, env, self.directory / f"{name}.log", self.url(name, 13133))
         )
+
+    def resolve(self, service: str, names: Mapping[str, Sequence[str]]) -> None:
+        """Changes what host names resolve to for a running ``service`` (its /etc/hosts)."""
+        hosts_file(self.directory, service, names)
 
     def _add(self, service: Service) -> Service:
         self.services[service.name] = service

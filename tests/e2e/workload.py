@@ -325,7 +325,9 @@ async def steady(seconds: float, pause: float) -> None:
     print(f"calls {calls}", file=sys.stderr, flush=True)
 
 
-async def sampling(healthy: int) -> None:
+async def sampling(healthy: int, spread: float = 0.0) -> None:
+    """The traces of tests/e2e/test_tail_sampling.py; the healthy ones come in batches of 20,
+    ``spread`` seconds apart in all (0: at once), beside the slow call's 31 s."""
     tracer = trace.get_tracer("tests.e2e.workload")
     async with llm_server() as server, aiohttp.ClientSession() as client:
 
@@ -334,7 +336,10 @@ async def sampling(healthy: int) -> None:
                 await response.read()
 
         async def batch() -> None:
-            for _ in range(healthy // 20):
+            batches = healthy // 20
+            for number in range(batches):
+                if number and spread:
+                    await asyncio.sleep(spread / (batches - 1))
                 await asyncio.gather(*(post() for _ in range(20)))
 
         with tracer.start_as_current_span("several calls, one failed"):
@@ -382,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pause", type=float, default=0.2)
     parser.add_argument("--healthy", type=int, default=400)
     parser.add_argument("--limit-per-host", type=int, default=5, help="burst: the pool's size")
+    parser.add_argument("--spread", type=float, default=0.0, help="sampling: over S seconds")
     parser.add_argument("--metric-interval-ms", type=int, default=1000)
     args = parser.parse_args(argv)
     providers: tuple[TracerProvider, MeterProvider] | None = None
@@ -396,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
         "calls": lambda: scripted_calls(args.stream_marks),
         "alerts": lambda: alert_scenarios(args.seconds),
         "steady": lambda: steady(args.seconds, args.pause),
-        "sampling": lambda: sampling(args.healthy),
+        "sampling": lambda: sampling(args.healthy, args.spread),
         "burst": lambda: bursts(args.seconds, args.pause, args.limit_per_host),
     }[args.mode]
     started = time.monotonic()
