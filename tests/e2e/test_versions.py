@@ -1,4 +1,5 @@
-"""The binaries make e2e runs are the versions the bundle pins: the compose image tags."""
+"""The binaries make e2e runs are the versions the bundle pins: the compose image tags, and for
+the tools that have no image, the versions deploy/build/build-bundle names."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import subprocess
 
 import pytest
 
-from tests.e2e.bundle import BINARIES, binary, compose_services
+from tests.e2e.bundle import BINARIES, ROOT, binary, compose_services
+
+BUILD_BUNDLE = ROOT / "deploy" / "build" / "build-bundle"
 
 
 @pytest.mark.parametrize("service", sorted(set(compose_services()) - {"grafana", "probe"}))
@@ -19,3 +22,16 @@ def test_each_built_service_is_the_version_compose_pins(service: str) -> None:
     text = output.stdout + output.stderr
     versions = set(re.findall(r"\bv?(\d+\.\d+\.\d+)\b", text))
     assert tag.removeprefix("v") in versions, text
+
+
+def build_bundle_version(name: str) -> str:
+    """A tool's version as deploy/build/build-bundle writes it (``helm_version=4.3.2``)."""
+    (version,) = re.findall(rf"^{name}_version=([0-9.]+)$", BUILD_BUNDLE.read_text(), re.M)
+    return version
+
+
+def test_helm_is_the_version_build_bundle_pins() -> None:
+    output = subprocess.run(
+        [binary("helm"), "version", "--short"], capture_output=True, text=True, timeout=30
+    )
+    assert output.stdout.strip().split("+")[0] == f"v{build_bundle_version('helm')}", output
