@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.bundle import ADDRESSES, ROOT, Bundle, Service
+from tests.e2e.kube import Cluster, control_plane
 
 #: How long the alert scenarios run: long enough for the traces checks before them, then for the
 #: 31 s slow waits to end and Prometheus (15 s scrapes and rule evaluations) to see them.
@@ -176,3 +177,16 @@ def run() -> Iterator[Run]:
             print(f"e2e logs kept in {directory}")
         else:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """etcd and a real kube-apiserver on loopback (tests/e2e/kube.py), for the probe chart's
+    install."""
+    plane = control_plane(tmp_path_factory.mktemp("control-plane"))
+    try:
+        plane.etcd.start()
+        plane.api.start(timeout=120)
+        yield plane
+    finally:
+        plane.stop()

@@ -1,4 +1,4 @@
-"""Helm, for the probe chart (tests/e2e/test_helm.py).
+"""Helm and a real Kubernetes API server on loopback, for the probe chart (tests/e2e/test_helm.py).
 
 ``deploy/build/build-bundle`` builds ``helm`` (helm.sh/helm/v4) and ``kube-apiserver``
 (k8s.io/kubernetes, through deploy/build/kube-apiserver/); etcd is Debian's ``etcd-server``
@@ -10,14 +10,21 @@ by a static token.
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import shutil
+import ssl
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from tests.e2e.bundle import ROOT, binary
+
+from tests.e2e.bundle import ADDRESSES, ROOT, Service, binary
 
 PROBE_CHART = ROOT / "deploy" / "helm" / "probe"
 PRODUCTION_VALUES = ROOT / "tests" / "data" / "probe.production.values.yaml"
@@ -60,3 +67,130 @@ def rendered(helm: Helm, values: Path, *args: str) -> list[dict[str, object]]:
         "template", "llm-latency-probe", str(PROBE_CHART), "-f", str(values), *args
     ).stdout
     return [document for document in yaml.safe_load_all(output) if document]
+
+
+def _key_pair(directory: Path) -> tuple[Path, Path]:
+    """The service-account signing key pair the API server requires (RSA, by openssl)."""
+    private, public = directory / "sa.key", directory / "sa.pub"
+    subprocess.run(
+        ["openssl", "genrsa", "-out", str(private), "2048"], check=True, capture_output=True
+    )
+    subprocess.run(
+        ["openssl", "rsa", "-in", str(private), "-pubout", "-out", str(public)],
+        check=True,
+        capture_output=True,
+    )
+    return private, public
+
+
+def _self_signed() -> ssl.SSLContext:
+    """A TLS context that accepts the API server's own certificate (loopback only)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def control_plane(directory: Path) -> Cluster:
+    """etcd and a kube-apiserver on their loopback addresses (not started), and a kubeconfig
+    that reaches the API server as ``e2e-admin``."""
+    etcd_binary = shutil.which("etcd")
+    if etcd_binary is None:
+        pytest.fail("etcd is not installed: .ci/run installs Debian's etcd-server")
+    etcd_address, api_address = ADDRESSES["etcd"], ADDRESSES["kube-apiserver"]
+    etcd_url = f"http://{etcd_address}:{ETCD_PORT}"
+    etcd = Service(
+        "etcd",
+        [
+            etcd_binary,
+            "--name=e2e",
+            f"--data-dir={directory / 'etcd-data'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://{etcd_address}:2380",
+            f"--initial-advertise-peer-urls=http://{etcd_address}:2380",
+            f"--initial-cluster=e2e=http://{etcd_address}:2380",
+            f"--listen-metrics-urls=http://{etcd_address}:2381",
+        ],
+        {},
+        directory / "etcd.log",
+        f"http://{etcd_address}:2381/health",
+    )
+    token = secrets.token_hex(16)
+    tokens = directory / "tokens.csv"
+    tokens.write_text(f'{token},e2e-admin,e2e-admin,"system:masters"\n')
+    private, public = _key_pair(directory)
+    api_url = f"https://{api_address}:{API_PORT}"
+    api = Service(
+        "kube-apiserver",
+        [
+            str(binary("kube-apiserver")),
+            f"--etcd-servers={etcd_url}",
+            f"--bind-address={api_address}",
+            f"--advertise-address={api_address}",
+            f"--secure-port={API_PORT}",
+            f"--cert-dir={directory / 'apiserver-certs'}",
+            f"--token-auth-file={tokens}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={public}",
+            f"--service-account-signing-key-file={private}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # No controller keeps the kubernetes Service's endpoints: nothing connects to them.
+            "--endpoint-reconciler-type=none",
+            "--anonymous-auth=true",  # /readyz for the readiness wait, as in any cluster
+        ],
+        {},
+        directory / "kube-apiserver.log",
+        f"{api_url}/readyz",
+        ready_context=_self_signed(),
+    )
+    kubeconfig = directory / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "e2e",
+                        # The API server's own self-signed certificate.
+                        "cluster": {"server": api_url, "insecure-skip-tls-verify": True},
+                    }
+                ],
+                "users": [{"name": "e2e-admin", "user": {"token": token}}],
+                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e-admin"}}],
+                "current-context": "e2e",
+            }
+        )
+    )
+    return Cluster(etcd, api, kubeconfig, directory / "apiserver-certs" / "apiserver.crt")
+
+
+@dataclass
+class Cluster:
+    """The running control plane: its services, a kubeconfig and the admin's token."""
+
+    etcd: Service
+    api: Service
+    kubeconfig: Path
+    #: the API server's own serving certificate (and its CA), made at its first start
+    certificate: Path
+
+    def request(self, method: str, path: str, body: object = None) -> Any:
+        """A call of the API server's REST API as ``e2e-admin``; the decoded JSON answer."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        server = config["clusters"][0]["cluster"]["server"]
+        token = config["users"][0]["user"]["token"]
+        request = urllib.request.Request(
+            server + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30, context=_self_signed()) as response:
+            return json.loads(response.read())
+
+    def stop(self) -> None:
+        self.api.stop()
+        self.etcd.stop()

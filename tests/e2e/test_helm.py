@@ -1,17 +1,19 @@
 """The probe chart (deploy/helm/probe) as an operator meets it: ``helm lint --strict``, ``helm
 template`` validated against the strict Kubernetes schemas of the oldest and newest supported
-Kubernetes (the PyPI package kubernetes-validate, offline), with the chart's defaults and with
-production-like values
+Kubernetes (the PyPI package kubernetes-validate, offline), and ``helm install`` into a real
+kube-apiserver, with the chart's defaults and with production-like values
 (tests/data/probe.production.values.yaml).
 
 A region named ``EU_West`` renders, passes the Kubernetes schemas (they carry no name patterns)
 and was refused only by the API server (``metadata.name`` must be an RFC 1123 subdomain); the
-chart's values.schema.json now refuses it before anything is rendered or sent. ``helm install
---dry-run=server`` let the same name through: the install here is a real one.
+chart's values.schema.json now refuses it before anything is rendered or sent. The install here
+is a real one: ``helm install --dry-run=server`` was seen (issue 52) to let the same name
+through.
 """
 
 from __future__ import annotations
 
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,22 @@ import kubernetes_validate
 import pytest
 import tomllib
 import yaml
-from llm_latency.cli.monitor_config import parse_config
-from tests.e2e.conftest import report
 
-from tests.e2e.kube import KUBERNETES, PROBE_CHART, PRODUCTION_VALUES, Helm, rendered
+from llm_latency.cli.monitor_config import parse_config
+from tests.e2e.bundle import wait_for
+from tests.e2e.conftest import report
+from tests.e2e.kube import (
+    KUBERNETES,
+    PROBE_CHART,
+    PRODUCTION_VALUES,
+    ROOT,
+    Cluster,
+    Helm,
+    rendered,
+)
+
+PODMONITOR_CRD = ROOT / "tests" / "data" / "podmonitor.crd.yaml"
+AGENT_VALUES = ROOT / "deploy" / "helm" / "otel-collector-agent.values.yaml"
 
 VALUES = {"default": PROBE_CHART / "values.yaml", "production": PRODUCTION_VALUES}
 
@@ -83,3 +97,80 @@ def _values(path: Path) -> dict[str, Any]:
 
 def _name(document: dict[str, Any]) -> str:
     return str(document["metadata"]["name"])
+
+
+# -- installed into a real API server --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installer(helm: Helm, cluster: Cluster) -> Helm:
+    return Helm(helm.home, cluster.kubeconfig)
+
+
+@pytest.mark.parametrize("values", sorted(VALUES))
+def test_the_chart_installs_into_a_real_api_server(
+    installer: Helm, cluster: Cluster, values: str
+) -> None:
+    namespace = f"probe-{values}"
+    installer.run(
+        "install",
+        "llm-latency-probe",
+        str(PROBE_CHART),
+        "-f",
+        str(VALUES[values]),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--wait=false",
+    )
+    regions = [region["name"] for region in _values(VALUES[values])["regions"]]
+    for kind, path in (("Deployment", "apis/apps/v1"), ("ConfigMap", "api/v1")):
+        listed = cluster.request("GET", f"/{path}/namespaces/{namespace}/{kind.lower()}s")
+        names = {item["metadata"]["name"] for item in listed["items"]}
+        assert {f"llm-latency-probe-{region}" for region in regions} <= names, kind
+    status = installer.run("status", "llm-latency-probe", "--namespace", namespace).stdout
+    assert "STATUS: deployed" in status
+    report(f"probe chart ({values} values): installed into kube-apiserver, {len(regions)} regions")
+
+
+def test_the_api_server_refuses_the_bad_region_the_schema_refuses(installer: Helm) -> None:
+    bad = ("--set", "regions[0].name=EU_West", "--namespace", "probe-bad", "--create-namespace")
+    refused = installer.run("install", "bad", str(PROBE_CHART), *bad, check=False)
+    assert refused.returncode != 0
+    assert "/regions/0/name" in refused.stderr, refused.stderr
+    # The same values without the schema: what the API server says of them.
+    unchecked = installer.run(
+        "install", "bad", str(PROBE_CHART), *bad, "--skip-schema-validation", check=False
+    )
+    assert unchecked.returncode != 0
+    assert "RFC 1123 subdomain" in unchecked.stderr, unchecked.stderr
+    report("probe chart: EU_West refused by the schema, and by the API server without it")
+
+
+def test_the_podmonitor_of_the_agent_values_is_stored(cluster: Cluster) -> None:
+    """The PodMonitor CRD (a reduced copy: tests/data/podmonitor.crd.yaml), then the agent's
+    PodMonitor as collector chart 0.170.0 renders it from the values' ``podMonitor``."""
+    crd = yaml.safe_load(PODMONITOR_CRD.read_text())
+    cluster.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    monitor = yaml.safe_load(AGENT_VALUES.read_text())["podMonitor"]
+    body = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "llm-latency-agent-agent", "labels": monitor["extraLabels"]},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": "llm-latency-agent"}},
+            "podMetricsEndpoints": monitor["metricsEndpoints"],
+        },
+    }
+    path = "/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors"
+
+    def created() -> Any:
+        try:
+            return cluster.request("POST", path, body)
+        except urllib.error.HTTPError as error:
+            if error.code == 404:  # the CRD is not served yet
+                return None
+            raise
+
+    stored = wait_for(created, timeout=30, interval=0.5, what="the PodMonitor CRD")
+    assert stored["spec"]["podMetricsEndpoints"] == monitor["metricsEndpoints"]

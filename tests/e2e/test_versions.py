@@ -35,3 +35,12 @@ def test_helm_is_the_version_build_bundle_pins() -> None:
         [binary("helm"), "version", "--short"], capture_output=True, text=True, timeout=30
     )
     assert output.stdout.strip().split("+")[0] == f"v{build_bundle_version('helm')}", output
+
+
+def test_kube_apiserver_is_the_version_its_wrapper_module_pins() -> None:
+    go_mod = (ROOT / "deploy" / "build" / "kube-apiserver" / "go.mod").read_text()
+    (version,) = re.findall(r"^\s*k8s\.io/kubernetes v(\d+\.\d+\.\d+)$", go_mod, re.M)
+    output = subprocess.run(
+        [binary("kube-apiserver"), "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert output.stdout.strip() == f"Kubernetes v{version}", output
