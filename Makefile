@@ -79,14 +79,16 @@ test: lint docs dist $(PROMETHEUS3)
 
 # make e2e: the deploy bundle run for real on loopback (tests/e2e/). deploy/build/build-bundle
 # builds the Collector, Jaeger, Prometheus and Alertmanager from their Go modules at the
-# versions docker-compose.yaml pins, into BUNDLE_BUILDS (a build per version: cold about 20
-# minutes on 2 cores, then seconds). Needs Go and root (or user namespaces): each service runs
-# in a mount namespace of its own with the compose service names in its /etc/hosts.
+# versions docker-compose.yaml pins, Helm, a kube-apiserver (deploy/build/kube-apiserver/) and
+# OpenSearch from Maven Central's jars, into BUNDLE_BUILDS (a build per version: cold about an
+# hour on 2 cores, then seconds). Needs Go, Java 17 with Maven, Debian's etcd-server, and root
+# (or user namespaces): each service runs in a mount namespace of its own with the compose
+# service names in its /etc/hosts.
 BUNDLE_BUILDS ?= .tools/bundle
 E2E_TESTS := tests/e2e/test_versions.py tests/e2e/test_listening.py tests/e2e/test_traces.py \
 	tests/e2e/test_metrics.py tests/e2e/test_tail_sampling.py tests/e2e/test_storage.py \
 	tests/e2e/test_advise.py tests/e2e/test_faults.py tests/e2e/test_probe.py \
-	tests/e2e/test_explain_jaeger.py tests/e2e/test_helm.py
+	tests/e2e/test_explain_jaeger.py tests/e2e/test_helm.py tests/e2e/test_opensearch.py
 
 e2e: $(VENV)/.test-installed
 	deploy/build/build-bundle $(BUNDLE_BUILDS)

@@ -73,6 +73,11 @@ ADDRESSES = {
     # the control plane the probe chart is installed into (tests/e2e/kube.py)
     "etcd": f"{NET}.20",
     "kube-apiserver": f"{NET}.21",
+    # Jaeger on OpenSearch, two replicas, and the index cleaner (tests/e2e/test_opensearch.py)
+    "opensearch": f"{NET}.10",
+    "jaeger-os-1": f"{NET}.11",
+    "jaeger-os-2": f"{NET}.12",
+    "es-index-cleaner": f"{NET}.13",
 }
 HOST_NAMES = {
     "otel-collector": ["otel-collector"],
@@ -89,6 +94,11 @@ HOST_NAMES = {
     "jaeger-2": [],
     "etcd": [],
     "kube-apiserver": [],
+    # deploy/helm/jaeger.values.yaml: userconfig's server_urls, storage.elasticsearch.url
+    "opensearch": ["opensearch-cluster-master.observability.svc.cluster.local"],
+    "jaeger-os-1": [],
+    "jaeger-os-2": [],
+    "es-index-cleaner": [],
 }
 
 #: The binary that runs each compose image.
