@@ -88,7 +88,8 @@ BUNDLE_BUILDS ?= .tools/bundle
 E2E_TESTS := tests/e2e/test_versions.py tests/e2e/test_listening.py tests/e2e/test_traces.py \
 	tests/e2e/test_metrics.py tests/e2e/test_tail_sampling.py tests/e2e/test_storage.py \
 	tests/e2e/test_advise.py tests/e2e/test_faults.py tests/e2e/test_probe.py \
-	tests/e2e/test_explain_jaeger.py tests/e2e/test_helm.py tests/e2e/test_opensearch.py
+	tests/e2e/test_explain_jaeger.py tests/e2e/test_helm.py tests/e2e/test_opensearch.py \
+	tests/e2e/test_k8s_attributes.py
 
 e2e: $(VENV)/.test-installed
 	deploy/build/build-bundle $(BUNDLE_BUILDS)

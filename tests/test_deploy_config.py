@@ -49,6 +49,7 @@ from tests.deploy_workload import (
     substitute,
     tool,
 )
+from tests.e2e.chart import rendered_config
 
 JAEGER_MEMORY_CONFIG = JAEGER_CONFIG.with_name("config-memory.yaml")
 REFERENCE = ROOT / "tests" / "data"  # upstream files, copied (tests/data/README.md)
@@ -1260,14 +1261,21 @@ def test_the_build_takes_every_version_from_compose() -> None:
 
 
 def test_the_built_collector_has_exactly_the_components_the_configs_use() -> None:
+    """What compose's config and the Helm tiers' rendered configs define (the chart's default
+    config and presets included: its debug exporter, the agent's k8s_attributes)."""
     manifest = load_yaml(BUILDER_MANIFEST)
+    configs = {
+        "compose": load_yaml(COLLECTOR_CONFIG),
+        "helm agent": rendered_config(load_yaml(HELM_AGENT)),
+        "helm gateway": rendered_config(load_yaml(HELM_GATEWAY)),
+    }
     for kind in KINDS:
         suffix = kind[:-1]
         built = {entry["gomod"].split()[0].rsplit("/", 1)[1].removesuffix(suffix)
                  for entry in manifest.get(kind, [])}  # fmt: skip
         used = {
             MODULE_OF_TYPE.get(name.split("/")[0], name.split("/")[0].replace("_", ""))
-            for where, config in collector_configs().items()
-            for name in defined(config, kind, helm=where.startswith("helm"))
+            for config in configs.values()
+            for name in defined(config, kind, helm=False)
         }
         assert built == used, kind

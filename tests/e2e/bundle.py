@@ -43,6 +43,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.e2e.chart import rendered_config
 from tests.processes import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -375,25 +376,34 @@ class Bundle:
         overrides: Sequence[str] = (),
         *,
         names: Mapping[str, Sequence[str]] | None = None,
+        binds: Sequence[tuple[Path, Path]] = (),
+        env: Mapping[str, str] | None = None,
     ) -> Service:
-        """A collector tier of deploy/helm/ with its values' ``config`` as the chart renders it
-        (a null removes the chart's default key), on its own address as its pod IP;
-        ``overrides`` are the collector's own ``--set`` options, ``names`` host names that
-        resolve elsewhere for it (``hosts_file``)."""
-        config = _drop_nulls(yaml.safe_load(values.read_text())["config"])
+        """A collector tier of deploy/helm/ with the configuration the collector chart renders
+        from its values (tests/e2e/chart.py: the chart's default config, the values' ``config``
+        merged in, the presets they turn on), on its own address as its pod IP. ``overrides``
+        are the collector's own ``--set`` options, ``names`` host names that resolve elsewhere
+        for it (``hosts_file``), ``binds`` and ``env`` what its pod would have beside (a service
+        account's token, the API server's address)."""
+        config = rendered_config(yaml.safe_load(values.read_text()))
         path = self.directory / f"{name}.config.yaml"
         path.write_text(yaml.safe_dump(config))
         address = ADDRESSES[name]
         hosts = hosts_file(self.directory, name, names)
         command = [
-            *_namespace_prefix([(hosts, Path("/etc/hosts"))]),
+            *_namespace_prefix([(hosts, Path("/etc/hosts")), *binds]),
             str(binary("otelcol-llm-latency")),
             f"--config={path}",
             *(f"--set={override}" for override in overrides),
         ]
-        env = {"MY_POD_IP": address}
         return self._add(
-            Service(name, command, env, self.directory / f"{name}.log", self.url(name, 13133))
+            Service(
+                name,
+                command,
+                {"MY_POD_IP": address, **(env or {})},
+                self.directory / f"{name}.log",
+                self.url(name, 13133),
+            )
         )
 
     def resolve(self, service: str, names: Mapping[str, Sequence[str]]) -> None:
@@ -412,14 +422,6 @@ class Bundle:
     def stop(self) -> None:
         for service in reversed(list(self.services.values())):
             service.stop()
-
-
-def _drop_nulls(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {key: _drop_nulls(value) for key, value in node.items() if value is not None}
-    if isinstance(node, list):
-        return [_drop_nulls(value) for value in node]
-    return node
 
 
 def wait_for(check: Any, timeout: float, interval: float = 1.0, what: str = "") -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.bundle import ADDRESSES, ROOT, Bundle, Service
-from tests.e2e.kube import Cluster, control_plane
+from tests.e2e.kube import Cluster, agent_access, control_plane
 
 #: How long the alert scenarios run: long enough for the traces checks before them, then for the
 #: 31 s slow waits to end and Prometheus (15 s scrapes and rule evaluations) to see them.
@@ -182,7 +182,7 @@ def run() -> Iterator[Run]:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """etcd and a real kube-apiserver on loopback (tests/e2e/kube.py), for the probe chart's
-    install."""
+    install and the agents' k8s_attributes."""
     plane = control_plane(tmp_path_factory.mktemp("control-plane"))
     try:
         plane.etcd.start()
@@ -190,3 +190,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield plane
     finally:
         plane.stop()
+
+
+@dataclass
+class AgentPod:
+    """What an agent collector's pod has beside its config: ``Bundle.helm_collector``'s binds
+    and environment (its service account's token, the API server's address, its node)."""
+
+    binds: list[tuple[Path, Path]]
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def agent_pod(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> AgentPod:
+    binds, env = agent_access(cluster, tmp_path_factory.mktemp("agent-pod"))
+    return AgentPod(binds, env)

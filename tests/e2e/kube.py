@@ -16,6 +16,7 @@ import secrets
 import shutil
 import ssl
 import subprocess
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 import yaml
 
 from tests.e2e.bundle import ADDRESSES, ROOT, Service, binary
+from tests.e2e.chart import KUBERNETES_ATTRIBUTES_RULES
 
 PROBE_CHART = ROOT / "deploy" / "helm" / "probe"
 PRODUCTION_VALUES = ROOT / "tests" / "data" / "probe.production.values.yaml"
@@ -194,3 +196,71 @@ class Cluster:
     def stop(self) -> None:
         self.api.stop()
         self.etcd.stop()
+
+
+#: The node the agent runs on (the DaemonSet's K8S_NODE_NAME): k8s_attributes watches its pods.
+NODE = "e2e-node"
+#: The agent's release: its ServiceAccount and ClusterRole(Binding), as the chart names them.
+AGENT = "llm-latency-agent"
+NAMESPACE = "observability"
+
+
+def _create(cluster: Cluster, path: str, body: dict[str, Any]) -> Any:
+    try:
+        return cluster.request("POST", path, body)
+    except urllib.error.HTTPError as error:
+        if error.code != 409:  # already there (another test made it)
+            raise
+        return None
+
+
+def agent_access(
+    cluster: Cluster, directory: Path
+) -> tuple[list[tuple[Path, Path]], dict[str, str]]:
+    """What the agent's pod has to reach the API server: the chart's ServiceAccount with its
+    ClusterRole for presets.kubernetesAttributes (tests/e2e/chart.py), the account's token and
+    the API server's certificate where every pod finds them (/run/secrets/kubernetes.io/
+    serviceaccount, through a folder bound on /run), the API server's address in the two
+    variables the kubelet sets, and the node name the DaemonSet passes.
+
+    Returns the binds and the environment for ``Bundle.helm_collector``."""
+    _create(cluster, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    _create(
+        cluster, f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": AGENT}}
+    )
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    _create(
+        cluster,
+        f"{rbac}/clusterroles",
+        {"metadata": {"name": AGENT}, "rules": KUBERNETES_ATTRIBUTES_RULES},
+    )
+    _create(
+        cluster,
+        f"{rbac}/clusterrolebindings",
+        {
+            "metadata": {"name": AGENT},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": AGENT,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": AGENT, "namespace": NAMESPACE}],
+        },
+    )
+    token = cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{AGENT}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+    )["status"]["token"]
+    run = directory / "agent-run"
+    account = run / "secrets" / "kubernetes.io" / "serviceaccount"
+    account.mkdir(parents=True, exist_ok=True)
+    (account / "token").write_text(token)
+    (account / "namespace").write_text(NAMESPACE)
+    shutil.copy(cluster.certificate, account / "ca.crt")
+    env = {
+        "KUBERNETES_SERVICE_HOST": ADDRESSES["kube-apiserver"],
+        "KUBERNETES_SERVICE_PORT": str(API_PORT),
+        "K8S_NODE_NAME": NODE,
+    }
+    return [(run, Path("/run"))], env

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from tests.e2e.bundle import ADDRESSES, HELM, get_json, wait_for
-from tests.e2e.conftest import ADVISE_WINDOW, Run, report, start_workload
+from tests.e2e.conftest import ADVISE_WINDOW, AgentPod, Run, report, start_workload
 from tests.e2e.test_metrics import query
 from tests.e2e.test_traces import jaeger_traces
 
@@ -140,12 +140,19 @@ def test_pool_burst_alert_with_its_fix_then_the_fix_clears_it(run: Run) -> None:
     fixed.wait(timeout=ADVISE_WINDOW + 100)
 
 
-def test_the_helm_agent_sends_its_copy_through_load_balancing(run: Run) -> None:
+def test_the_helm_agent_sends_its_copy_through_load_balancing(
+    run: Run, agent_pod: AgentPod
+) -> None:
     """deploy/helm/otel-collector-agent.values.yaml: the agent's load_balancing/advise exporter
     (routing_key: service, the advise Service's name resolved to the service's address) brings
     the burst's spans to the findings service, before any sampling (no gateway runs here: the
     agent's traces to it wait in their own queue, and the advise copy goes on)."""
-    agent = run.bundle.helm_collector("agent", HELM / "otel-collector-agent.values.yaml")
+    agent = run.bundle.helm_collector(
+        "agent",
+        HELM / "otel-collector-agent.values.yaml",
+        binds=agent_pod.binds,  # its k8s_attributes reads the API server (tests/e2e/kube.py)
+        env=agent_pod.env,
+    )
     agent.start()
     try:
         workload = start_workload(

@@ -23,13 +23,12 @@ import tomllib
 import yaml
 
 from llm_latency.cli.monitor_config import parse_config
-from tests.e2e.bundle import wait_for
+from tests.e2e.bundle import ROOT, wait_for
 from tests.e2e.conftest import report
 from tests.e2e.kube import (
     KUBERNETES,
     PROBE_CHART,
     PRODUCTION_VALUES,
-    ROOT,
     Cluster,
     Helm,
     rendered,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.bundle import ADDRESSES, HELM, Service
-from tests.e2e.conftest import Run, report
+from tests.e2e.bundle import ADDRESSES, GATEWAY_SERVICE, HELM, Service
+from tests.e2e.conftest import AgentPod, Run, report
 
 PROC = Path("/proc")
 TCP_LISTEN = "0A"
@@ -38,8 +38,9 @@ COMPOSE_PORTS = {
     "alertmanager": {9093},
     "advise": {4317, 9466},  # llm-latency advise: OTLP/gRPC in; OTLP/HTTP in, page and metrics
 }
-#: The same for the Helm collector tiers (their values' ``config``).
-HELM_PORTS = {"agent": {4317, 4318, 8889, 13133}, "gateway": {4317, 13133}}
+#: The same for the Helm collector tiers (their configs as the chart renders them: its own
+#: metrics on the pod IP's 8888).
+HELM_PORTS = {"agent": {4317, 4318, 8888, 8889, 13133}, "gateway": {4317, 8888, 13133}}
 HELM_VALUES = {
     "gateway": HELM / "otel-collector-gateway.values.yaml",
     "agent": HELM / "otel-collector-agent.values.yaml",
@@ -143,9 +144,19 @@ def test_each_compose_service_listens_on_its_loopback_address_only(run: Run, nam
 
 
 @pytest.fixture(scope="module")
-def helm_tiers(run: Run) -> Iterator[dict[str, Service]]:
-    # the gateway first: the agent's load_balancing exporter resolves it
-    tiers = {name: run.bundle.helm_collector(name, values) for name, values in HELM_VALUES.items()}
+def helm_tiers(run: Run, agent_pod: AgentPod) -> Iterator[dict[str, Service]]:
+    # the gateway first: the agent's load_balancing exporter resolves it; the agent's
+    # k8s_attributes reads the API server
+    tiers = {
+        "gateway": run.bundle.helm_collector("gateway", HELM_VALUES["gateway"]),
+        "agent": run.bundle.helm_collector(
+            "agent",
+            HELM_VALUES["agent"],
+            names={GATEWAY_SERVICE: [ADDRESSES["gateway"]]},  # one gateway pod
+            binds=agent_pod.binds,
+            env=agent_pod.env,
+        ),
+    }
     try:
         for tier in tiers.values():
             tier.start()

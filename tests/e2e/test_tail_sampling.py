@@ -33,7 +33,7 @@ import yaml
 
 from tests.command_line import run_cli_process
 from tests.e2e.bundle import ADDRESSES, GATEWAY_SERVICE, HELM, Service, get_json
-from tests.e2e.conftest import Run, Workload, report, start_workload
+from tests.e2e.conftest import AgentPod, Run, Workload, report, start_workload
 
 GATEWAY = HELM / "otel-collector-gateway.values.yaml"
 AGENT = HELM / "otel-collector-agent.values.yaml"
@@ -70,7 +70,7 @@ def pre_stop_s(decision_wait_s: float) -> float:
     is left of the values' margin."""
     values = gateway_values()
     agent = yaml.safe_load(AGENT.read_text())
-    sleep = values["lifecycleHooks"]["preStop"]["sleep"]["seconds"]
+    sleep = float(values["lifecycleHooks"]["preStop"]["sleep"]["seconds"])
     wait = _duration_s(values["config"]["processors"]["tail_sampling"]["decision_wait"])
     interval = _duration_s(
         agent["config"]["exporters"]["load_balancing"]["resolver"]["dns"]["interval"]
@@ -141,7 +141,9 @@ def _gateway_values(run: Run, keep_all: bool) -> Path:
 
 
 @pytest.fixture(scope="module", params=["static", "dns"])
-def sampled(request: pytest.FixtureRequest, run: Run, second_jaeger: Service) -> Iterator[Sampled]:
+def sampled(
+    request: pytest.FixtureRequest, run: Run, second_jaeger: Service, agent_pod: AgentPod
+) -> Iterator[Sampled]:
     resolver: str = request.param
     # dns: every trace is kept, and the second gateway leaves mid-run
     keep_all = resolver == "dns"
@@ -153,7 +155,9 @@ def sampled(request: pytest.FixtureRequest, run: Run, second_jaeger: Service) ->
             "gateway-2", values, decision, names={JAEGER_SERVICE: [ADDRESSES["jaeger-2"]]}
         ),
     ]
-    agent = run.bundle.helm_collector("agent", _agent_values(run, resolver))
+    agent = run.bundle.helm_collector(
+        "agent", _agent_values(run, resolver), binds=agent_pod.binds, env=agent_pod.env
+    )
     log_from = agent.log.stat().st_size if agent.log.exists() else 0
     service = f"e2e-sampling-{resolver}"
     left_at = None
@@ -235,7 +239,7 @@ def _in_flight_at(sampled: Sampled, spans: list[dict[str, Any]]) -> bool:
     if sampled.left_at is None:
         return False
     ends = [span["end"] / 1e9 for span in spans]
-    return min(ends) - 10 <= sampled.left_at <= max(ends) + 10
+    return bool(min(ends) - 10 <= sampled.left_at <= max(ends) + 10)
 
 
 def test_every_kept_trace_is_whole_on_one_gateway(

@@ -27,7 +27,7 @@ def test_each_built_service_is_the_version_compose_pins(service: str) -> None:
 def build_bundle_version(name: str) -> str:
     """A tool's version as deploy/build/build-bundle writes it (``helm_version=4.3.2``)."""
     (version,) = re.findall(rf"^{name}_version=([0-9.]+)$", BUILD_BUNDLE.read_text(), re.M)
-    return version
+    return str(version)
 
 
 def test_helm_is_the_version_build_bundle_pins() -> None:
