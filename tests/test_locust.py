@@ -75,6 +75,13 @@ EXPECTED_EMPTY = {
     "dashboard panel 'Time per phase, p95 (stacked)' target A",
     "dashboard panel 'Wait vs server processing vs network overhead (mean)' target A",
     "dashboard panel 'Wait vs server processing vs network overhead (mean)' target C",
+    # The findings service's metrics (llm-latency advise, fed by the Collector): this Prometheus
+    # scrapes the program alone; tests/e2e/test_advise.py checks them against the bundle.
+    "dashboard panel 'Fixes ranked by saving (llm-latency advise)' target A",
+    "dashboard panel 'Fixes ranked by saving (llm-latency advise)' target B",
+    "dashboard panel 'Fixes ranked by saving (llm-latency advise)' target C",
+    "dashboard panel 'Fixes ranked by saving (llm-latency advise)' target D",
+    'dashboard panel "Saving of each fix, share of the calls\' time" target A',
 }
 
 
