@@ -19,10 +19,34 @@ MODULES = (
     "opentelemetry.semconv._incubating.attributes.gen_ai_attributes",
     "opentelemetry.semconv._incubating.metrics.gen_ai_metrics",
 )
+#: The released conventions' names (semantic-conventions-genai v0.1.0: docs/gen-ai/
+#: client-inference.md and gen-ai-token-metrics.md) and the opt-in's values, which this package
+#: never carried: checked against the strings those documents give.
+RELEASED = {
+    "GEN_AI_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS": "gen_ai.client.inference.operation.input_tokens",
+    "GEN_AI_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS": "gen_ai.client.inference.operation.output_tokens",
+    "GEN_AI_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK": "gen_ai.client.inference.time_per_output_chunk",
+    "GEN_AI_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK": "gen_ai.client.inference.time_to_first_chunk",
+    "GEN_AI_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS":
+        "gen_ai.client.inference.usage.cache_read.input_tokens",
+    "GEN_AI_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS":
+        "gen_ai.client.inference.usage.cache_write.input_tokens",
+    "GEN_AI_CLIENT_INFERENCE_USAGE_INPUT_TOKENS": "gen_ai.client.inference.usage.input_tokens",
+    "GEN_AI_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS": "gen_ai.client.inference.usage.output_tokens",
+    "GEN_AI_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS":
+        "gen_ai.client.inference.usage.reasoning.output_tokens",
+    "GEN_AI_LATEST_EXPERIMENTAL": "gen_ai_latest_experimental",
+    "GEN_AI_LATEST_EXPERIMENTAL_DUP": "gen_ai_latest_experimental/dup",
+    "GEN_AI_TOKEN_MODALITY": "gen_ai.token.modality",
+    "GEN_AI_TOKEN_MODALITY_UNKNOWN": "unknown",
+    "GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS": "gen_ai.usage.cache_write.input_tokens",
+}  # fmt: skip
 OURS = {
     name: value
     for name, value in vars(semconv).items()
-    if name.startswith("GEN_AI_") and not name.startswith("GEN_AI_TOKEN_TYPE_")
+    if name.startswith("GEN_AI_")
+    and not name.startswith("GEN_AI_TOKEN_TYPE_")
+    and name not in RELEASED
 }
 
 
@@ -46,6 +70,10 @@ def test_each_genai_name_is_the_packages_string(name: str) -> None:
     if name not in theirs:
         pytest.skip(f"this opentelemetry-semantic-conventions has no {name} any more")
     assert OURS[name] == theirs[name]
+
+
+def test_the_released_names_are_the_conventions_strings() -> None:
+    assert {name: getattr(semconv, name) for name in RELEASED} == RELEASED
 
 
 def test_the_token_types_are_the_packages_values() -> None:
