@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,8 @@ class Workload:
     process: subprocess.Popen[bytes]
     record: Path
     log: Path
+    #: When it was started (wall clock, s).
+    started: float = 0.0
 
     def wait(self, timeout: float) -> None:
         code = self.process.wait(timeout)
@@ -100,7 +103,7 @@ def start_workload(
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
-    return Workload(service, process, record, log)
+    return Workload(service, process, record, log, time.time())
 
 
 @dataclass
