@@ -17,7 +17,9 @@ from tests.e2e.bundle import ADDRESSES, get_json, wait_for
 from tests.e2e.conftest import Run, report
 
 BURST = Path(__file__).resolve().parents[1] / "programs" / "pool_burst.py"
-SERVICE = "e2e-burst"
+#: A service of its own: explain --jaeger reads every trace of the service for the last hour, and
+#: tests/e2e/test_advise.py sends bursts as e2e-burst (with and without the fix) in the same run.
+SERVICE = "e2e-explain-burst"
 
 
 def run_burst(url: str, service: str, endpoint: str) -> str:
