@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shlex
 import signal
 import ssl
@@ -437,3 +438,34 @@ def wait_for(check: Any, timeout: float, interval: float = 1.0, what: str = "") 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what or check}: last {last!r}")
         time.sleep(interval)
+
+
+def otlp_trace_body(
+    trace_id: str,
+    resource: Mapping[str, str],
+    *,
+    name: str,
+    kind: int,
+    duration_ns: int,
+    error: bool = False,
+) -> dict[str, Any]:
+    """An OTLP/HTTP JSON request body: one span of trace ``trace_id`` that ends now, from a
+    program whose resource has the string attributes ``resource``; ``error``: its status is
+    ERROR (code 2)."""
+    now = time.time_ns()
+    span: dict[str, Any] = {
+        "traceId": trace_id,
+        "spanId": secrets.token_hex(8),
+        "name": name,
+        "kind": kind,
+        "startTimeUnixNano": str(now - duration_ns),
+        "endTimeUnixNano": str(now),
+    }
+    if error:
+        span["status"] = {"code": 2}
+    attributes = [{"key": k, "value": {"stringValue": v}} for k, v in resource.items()]
+    return {
+        "resourceSpans": [
+            {"resource": {"attributes": attributes}, "scopeSpans": [{"spans": [span]}]}
+        ]
+    }

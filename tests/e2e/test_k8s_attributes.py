@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.bundle import ADDRESSES, GATEWAY_SERVICE, HELM, Service, get_json, wait_for
+from tests.e2e.bundle import (
+    ADDRESSES,
+    GATEWAY_SERVICE,
+    HELM,
+    Service,
+    get_json,
+    otlp_trace_body,
+    wait_for,
+)
 from tests.e2e.conftest import AgentPod, Run, report
 from tests.e2e.kube import NODE, Cluster
 
@@ -81,35 +88,9 @@ def tiers(run: Run, agent_pod: AgentPod, program_pod: dict[str, Any]) -> Iterato
 def _send_failed_call(trace_id: str) -> None:
     """One failed call's span (the gateway keeps errors) from a program whose resource names
     its pod's IP, as the Downward API gives it (k8s.pod.ip)."""
-    now = time.time_ns()
     resource = {"service.name": SERVICE, "k8s.pod.ip": POD["ip"]}
-    body = {
-        "resourceSpans": [
-            {
-                "resource": {
-                    "attributes": [
-                        {"key": key, "value": {"stringValue": value}}
-                        for key, value in resource.items()
-                    ]
-                },
-                "scopeSpans": [
-                    {
-                        "spans": [
-                            {
-                                "traceId": trace_id,
-                                "spanId": secrets.token_hex(8),
-                                "name": "chat gpt-4o-mini",
-                                "kind": 3,
-                                "startTimeUnixNano": str(now - 120_000_000),
-                                "endTimeUnixNano": str(now),
-                                "status": {"code": 2},
-                            }
-                        ]
-                    }
-                ],
-            }
-        ]
-    }
+    body = otlp_trace_body(trace_id, resource, name="chat gpt-4o-mini", kind=3,
+                           duration_ns=120_000_000, error=True)  # fmt: skip
     request = urllib.request.Request(
         f"http://{ADDRESSES['agent']}:4318/v1/traces",
         data=json.dumps(body).encode(),

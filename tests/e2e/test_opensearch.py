@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from tests.e2e.bundle import (
     binary,
     get_json,
     hosts_file,
+    otlp_trace_body,
     wait_for,
 )
 from tests.e2e.conftest import report
@@ -142,38 +142,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             service.stop()
 
 
-def _trace_body(trace_id: str) -> dict[str, Any]:
-    now = time.time_ns()
-    return {
-        "resourceSpans": [
-            {
-                "resource": {
-                    "attributes": [{"key": "service.name", "value": {"stringValue": "e2e-os"}}]
-                },
-                "scopeSpans": [
-                    {
-                        "spans": [
-                            {
-                                "traceId": trace_id,
-                                "spanId": secrets.token_hex(8),
-                                "name": "chat gpt-4o-mini",
-                                "kind": 3,
-                                "startTimeUnixNano": str(now - 250_000_000),
-                                "endTimeUnixNano": str(now),
-                            }
-                        ]
-                    }
-                ],
-            }
-        ]
-    }
-
-
 def test_a_trace_written_through_one_replica_is_read_through_the_other(stack: Path) -> None:
     trace_id = secrets.token_hex(16)
     request = urllib.request.Request(
         f"http://{ADDRESSES[REPLICAS[0]]}:4318/v1/traces",
-        data=json.dumps(_trace_body(trace_id)).encode(),
+        data=json.dumps(
+            otlp_trace_body(
+                trace_id,
+                {"service.name": "e2e-os"},
+                name="chat gpt-4o-mini",
+                kind=3,
+                duration_ns=250_000_000,
+            )
+        ).encode(),
         headers={"Content-Type": "application/json"},
     )
     urllib.request.urlopen(request, timeout=10).close()

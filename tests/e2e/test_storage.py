@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.bundle import Service, binary, wait_for
+from tests.e2e.bundle import Service, binary, otlp_trace_body, wait_for
 from tests.e2e.conftest import Run, report
 
 #: The short retention of the second Jaeger: long enough to see the trace on a loaded machine.
@@ -87,17 +87,9 @@ def test_jaeger_runs_badger_in_the_volume_with_7_days_of_retention_and_synced_wr
 
 def otlp_trace(service: str) -> tuple[str, bytes]:
     """A new trace of one span from ``service``: its id, and the OTLP/HTTP JSON request body."""
-    trace_id, now = secrets.token_hex(16), time.time_ns()
-    span = {
-        "traceId": trace_id,
-        "spanId": secrets.token_hex(8),
-        "name": "retention",
-        "kind": 1,
-        "startTimeUnixNano": str(now),
-        "endTimeUnixNano": str(now + 1_000_000),
-    }
-    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]}
-    body = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": [span]}]}]}
+    trace_id = secrets.token_hex(16)
+    body = otlp_trace_body(trace_id, {"service.name": service}, name="retention", kind=1,
+                           duration_ns=1_000_000)  # fmt: skip
     return trace_id, json.dumps(body).encode()
 
 
