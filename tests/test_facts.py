@@ -4,7 +4,10 @@ the error type, and the wait a server asked for."""
 
 from __future__ import annotations
 
-from llm_latency.facts import AttemptFacts, LoopLag, provider_max_gap, read_facts
+import random
+from decimal import Decimal
+
+from llm_latency.facts import AttemptFacts, LoopLag, provider_max_gap, read_facts, to_ns
 from llm_latency.sse import SSECounter
 from llm_latency.timeline import CONNECT, PHASE_NAMES, RECEIVE, SEND, WAIT, Timeline
 
@@ -169,3 +172,26 @@ def test_the_machines_wait_outside_the_window_stays_in_the_overhead() -> None:
     lag = LoopLag(lags().phases, descheduled=0.1, waited=lags(connect=0.1).phases)
     facts = read_facts(attempt(), lag, WANTED)
     assert facts.network_overhead is not None and abs(facts.network_overhead - 0.07) < 1e-9
+
+
+def test_computed_seconds_are_whole_nanoseconds() -> None:
+    """Sums and differences of seconds read from ns clocks come out as the decimal of whole ns,
+    with no float noise in their text (0.016716636, never 0.016716636000000007)."""
+    rng = random.Random(7)
+    for _ in range(20_000):
+        a, b, c = (rng.randrange(10**12) for _ in range(3))
+        seconds = to_ns(a / 1e9 - b / 1e9 + c / 1e9)
+        assert seconds == (a - b + c) / 1e9
+        assert Decimal(repr(seconds)).as_tuple().exponent >= -9  # type: ignore[operator]
+    assert repr(to_ns(0.016716636000000007)) == "0.016716636"
+
+
+def test_clipped_lags_and_overhead_show_no_noise() -> None:
+    """The lag clipped to what the server's time leaves of the window, its sum and the
+    overhead: each the decimal of whole ns."""
+    facts = read_facts(attempt("250"), lags(send=0.0123456789, wait=0.0987654321), WANTED)
+    values = [*(facts.phase_lags or ()), facts.event_loop_lag, facts.network_overhead]
+    assert any(values)
+    for value in values:
+        assert value is not None
+        assert Decimal(repr(value)).as_tuple().exponent >= -9  # type: ignore[operator]

@@ -26,7 +26,7 @@ from opentelemetry.trace import (
 
 from llm_latency import semconv
 from llm_latency.calls import LogicalCall
-from llm_latency.facts import NS_DIGITS, error_type
+from llm_latency.facts import error_type
 from llm_latency.metrics import AttemptMetrics
 from llm_latency.suppression import under_genai_span, under_http_client_span
 from llm_latency.tracer_handle import TracerHandle
@@ -188,8 +188,8 @@ def _end_call(call: LogicalCall) -> None:
             span.set_attributes(call.answer)
             first_token = call.first_token_since_start()
             if first_token is not None and semconv.TIME_TO_FIRST_TOKEN in call.answer:
-                # What the program waited: from the call's start, not its last attempt's.
-                span.set_attribute(semconv.TIME_TO_FIRST_TOKEN, round(first_token, NS_DIGITS))
+                # What the program waited: from the call's start, not its last attempt's (whole ns).
+                span.set_attribute(semconv.TIME_TO_FIRST_TOKEN, first_token)
         if call.request_id is not None:
             span.set_attribute(semconv.REQUEST_ID, call.request_id)
         span.end()
