@@ -181,7 +181,7 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
         window_lag = send_lag + wait_lag
         if lag.waited:
             window_waited = lag.waited[SEND] + lag.waited[WAIT]
-        if processing is not None and window is not None:
+        if processing is not None and window is not None and (window_lag or window_waited):
             # The response cannot have come before the server's processing was done: the loop
             # delayed it by no more than what the processing time leaves of the window (the
             # wait keeps its share of that first: the server's time ends in it). The program's

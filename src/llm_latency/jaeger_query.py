@@ -7,10 +7,13 @@ asked first; where it is not served (404 on the path), the UI's. Either way the 
 as :mod:`llm_latency.trace_json` reads a saved file.
 
 Traces a tail sampler kept are not the service's calls: kept for being slow or failed, most of
-the healthy ones dropped. The traces say so when the Collector's tail sampling records the
-policy that kept each (``tailsampling.policy`` on the scope of its spans, under the feature gate
-``processor.tailsamplingprocessor.recordpolicy``, which the bundle's gateway turns on):
-:func:`fetch` gives the policies it finds beside the spans.
+the healthy ones dropped. The traces say so in either of two ways, and :func:`fetch` reads both
+(:class:`Fetched`): the bundle's Helm gateway marks every span it passes on with the resource
+attribute ``llm_latency.tail_sampled`` (its ``resource/tail-sampled`` processor, after the tail
+sampling); and the Collector's tail sampling itself names the policy that kept a trace
+(``tailsampling.policy``) under the feature gate ``processor.tailsamplingprocessor.recordpolicy``,
+but on the spans' scope, which Jaeger keeps only on some storage backends (not Badger, whose
+span model has no scope attributes).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from llm_latency.diagnosis.records import SpanRecord
 from llm_latency.trace_json import (
@@ -33,12 +36,24 @@ from llm_latency.trace_json import (
     otlp_spans,
 )
 
-#: The attribute the Collector's tail sampling puts on the spans of a trace it kept.
+#: The attribute the Collector's tail sampling puts on the scope of the spans of a trace it
+#: kept (under its feature gate): the name of the policy that kept it.
 TAIL_SAMPLING_POLICY: Final = "tailsampling.policy"
+#: The resource attribute the bundle's tail-sampling gateway puts on every span it passes on.
+TAIL_SAMPLED: Final = "llm_latency.tail_sampled"
 #: The most traces asked for by default.
 LIMIT: Final = 1000
 _SINCE: Final = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class Fetched(NamedTuple):
+    """A service's spans read from Jaeger, and what they say of tail sampling: whether a tail
+    sampler kept them (``tail_sampled``: either mark seen) and the policies named."""
+
+    spans: list[SpanRecord]
+    tail_sampled: bool
+    policies: list[str]
 
 
 class JaegerError(Exception):
@@ -84,10 +99,10 @@ def fetch(
     limit: int = LIMIT,
     now: float | None = None,
     timeout: float = 30.0,
-) -> tuple[list[SpanRecord], list[str]]:
+) -> Fetched:
     """The spans of ``service``'s traces that started in the last ``since`` seconds (at most
     ``limit`` traces) from the Jaeger query service at ``base`` (``http://jaeger:16686``), and
-    the tail-sampling policies that kept them (empty when the traces do not say)."""
+    whether they say a tail sampler kept them."""
     end = time.time() if now is None else now
     start = end - since
     base = base.rstrip("/")
@@ -102,9 +117,9 @@ def fetch(
     )
     answer = _get(v3, timeout)
     if isinstance(answer, dict) and "result" in answer:
-        return list(otlp_spans(answer["result"], name)), _policies(answer["result"])
+        return Fetched(list(otlp_spans(answer["result"], name)), *tail_sampling(answer["result"]))
     if _is_no_traces(answer):
-        return [], []
+        return Fetched([], False, [])
     v2 = f"{base}/api/traces?" + urllib.parse.urlencode(
         {"service": service, "start": int(start * 1e6), "end": int(end * 1e6), "limit": limit}
     )
@@ -120,26 +135,39 @@ def fetch(
         spans = [span for trace in traces for span in jaeger_spans(trace, name)]
     except TraceFileError as exc:
         raise JaegerError(str(exc)) from None
-    return spans, _policies(traces)
+    return Fetched(spans, *tail_sampling(traces))
 
 
-def _policies(document: Any) -> list[str]:
-    """The values of every ``tailsampling.policy`` attribute or tag anywhere in ``document``
-    (OTLP JSON's scope attributes; Jaeger's JSON has them among a span's tags)."""
-    found: set[str] = set()
+def tail_sampling(document: Any) -> tuple[bool, list[str]]:
+    """Whether ``document`` (Jaeger's answer: OTLP JSON, or Jaeger's JSON) says a tail sampler
+    kept its traces, and the policies named: every ``llm_latency.tail_sampled`` that is true and
+    every ``tailsampling.policy``, wherever they are (OTLP JSON's resource and scope attributes;
+    in Jaeger's JSON, a process's or a span's tags)."""
+    policies: set[str] = set()
+    marked = False
     stack = [document]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            if node.get("key") == TAIL_SAMPLING_POLICY:
-                value = node.get("value")
-                found.add(
-                    str(value.get("stringValue", value) if isinstance(value, dict) else value)
-                )
+            key = node.get("key")
+            if key == TAIL_SAMPLING_POLICY:
+                policies.add(str(_value(node.get("value"))))
+            elif key == TAIL_SAMPLED:
+                marked = marked or _value(node.get("value")) in (True, "true")
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-    return sorted(found)
+    return marked or bool(policies), sorted(policies)
+
+
+def _value(value: Any) -> Any:
+    """An attribute's value: OTLP JSON's ``{"stringValue": ...}`` or ``{"boolValue": ...}``,
+    or Jaeger's plain value."""
+    if isinstance(value, dict):
+        for kind in ("stringValue", "boolValue"):
+            if kind in value:
+                return value[kind]
+    return value
 
 
 def _rfc3339(seconds: float) -> str:

@@ -292,11 +292,33 @@ def test_a_trace_of_several_calls_is_decided_whole(
     assert any(failed in kept for kept in decided.values())
 
 
+def test_explain_jaeger_warns_that_the_traces_were_tail_sampled(
+    run: Run, sampled: Sampled, decided: dict[str, dict[str, list[dict[str, Any]]]]
+) -> None:
+    """The gateways' kept traces read back with ``explain --jaeger`` and no flag: the spans say
+    they were tail-sampled (the gateway's ``resource/tail-sampled`` marks each one it passes
+    on, and Jaeger keeps it among the process's tags), so the output says first that they are a
+    biased sample, and calls each share of time the kept traces', never the service's. (The
+    compose bundle, which samples nothing, gives no warning: test_explain_jaeger.py.)"""
+    result = run_cli_process(
+        "explain", "--jaeger", run.bundle.url("jaeger", 16686), "--service", sampled.service,
+        "--since", "1h", timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith(
+        "warning: these traces were tail-sampled (the spans carry llm_latency.tail_sampled"
+    ), first
+    assert "% of the time" not in result.stdout
+    assert "of the kept traces' time" in result.stdout
+    report(f"explain --jaeger on tail-sampled traces: {first[:120]}")
+
+
+@pytest.mark.parametrize("sampled", ["static"], indirect=True)  # the dns run keeps all
 def test_healthy_fast_traces_are_sampled_at_the_configured_rate(
     sampled: Sampled, decided: dict[str, dict[str, list[dict[str, Any]]]]
 ) -> None:
-    if sampled.keeps_all:
-        pytest.skip("this run's gateways keep every trace")
+    assert not sampled.keeps_all
     recorded = sampled.recorded
     healthy = [
         trace
@@ -318,11 +340,11 @@ def test_healthy_fast_traces_are_sampled_at_the_configured_rate(
     )
 
 
+@pytest.mark.parametrize("sampled", ["dns"], indirect=True)  # the static run's gateways stay
 def test_a_gateway_that_leaves_drops_nothing(
     sampled: Sampled, decided: dict[str, dict[str, list[dict[str, Any]]]]
 ) -> None:
-    if sampled.left_at is None:
-        pytest.skip("the static resolver's gateways stay")
+    assert sampled.left_at is not None
     recorded = sampled.recorded
     # every trace kept (the baseline keeps all), every span of it
     spans_kept = {
@@ -350,25 +372,3 @@ def test_a_gateway_that_leaves_drops_nothing(
         f" stopped after its preStop wait; all {len(recorded)} traces kept whole"
         f" ({before} by the gateway that left)"
     )
-
-
-def test_explain_jaeger_warns_that_the_traces_were_tail_sampled(
-    run: Run, sampled: Sampled, decided: dict[str, dict[str, list[dict[str, Any]]]]
-) -> None:
-    """The gateway's kept traces read back with ``explain --jaeger --tail-sampled``: the output
-    says first that they are a biased sample, and calls each share of time the kept traces',
-    never the service's. (The gateway records the policy that kept a trace only on its spans'
-    scope, under a feature gate, and Jaeger does not store scope attributes: the spans in
-    Jaeger cannot say so themselves.)"""
-    if sampled.keeps_all:
-        pytest.skip("this run's gateways keep every trace")
-    result = run_cli_process(
-        "explain", "--jaeger", run.bundle.url("jaeger", 16686), "--service", sampled.service,
-        "--since", "1h", "--tail-sampled", timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    first = result.stdout.splitlines()[0]
-    assert first.startswith("warning: these traces were tail-sampled (--tail-sampled)"), first
-    assert "% of the time" not in result.stdout
-    assert "of the kept traces' time" in result.stdout
-    report(f"explain --jaeger on tail-sampled traces: {first[:120]}")

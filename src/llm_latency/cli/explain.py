@@ -30,7 +30,7 @@ from llm_latency.diagnosis import diagnose
 from llm_latency.diagnosis.findings import Finding
 from llm_latency.diagnosis.records import Call
 from llm_latency.diagnosis.us_or_them import is_probe
-from llm_latency.jaeger_query import JaegerError, fetch, since_seconds
+from llm_latency.jaeger_query import TAIL_SAMPLED, Fetched, JaegerError, fetch, since_seconds
 from llm_latency.trace_files import TraceCalls, calls_by_trace, load
 from llm_latency.trace_json import TraceFileError
 
@@ -81,13 +81,15 @@ def findings_header(service: str, calls: Sequence[Call], services: int) -> str:
     return f"findings{who}: {what}, diagnosed together"
 
 
-def sampled_warning(policies: Sequence[str]) -> str:
-    """The line that says the traces were tail-sampled, and what that does to the findings."""
-    how = (
-        f"the spans name the tail-sampling policies that kept them ({', '.join(policies)})"
-        if policies
-        else "--tail-sampled"
-    )
+def sampled_warning(policies: Sequence[str], marked: bool = False) -> str:
+    """The line that says the traces were tail-sampled (``marked``: their spans say so), and
+    what that does to the findings."""
+    if policies:
+        how = f"the spans name the tail-sampling policies that kept them ({', '.join(policies)})"
+    elif marked:
+        how = f"the spans carry {TAIL_SAMPLED}, set by the gateway that kept them"
+    else:
+        how = "--tail-sampled"
     return (
         f"warning: these traces were tail-sampled ({how}): kept for being slow or failed more "
         "often than the rest, so they are not the service's calls; the findings describe the "
@@ -102,25 +104,23 @@ def of_kept_traces(finding: Finding) -> Finding:
     )
 
 
-def from_jaeger(
-    url: str, service: str, since: str, limit: int
-) -> tuple[list[TraceCalls], list[str]]:
-    """The calls of ``service``'s traces of the last ``since`` in Jaeger at ``url``, and the
-    tail-sampling policies their spans name."""
+def from_jaeger(url: str, service: str, since: str, limit: int) -> tuple[list[TraceCalls], Fetched]:
+    """The calls of ``service``'s traces of the last ``since`` in Jaeger at ``url``, and what
+    Jaeger gave (what the spans say of tail sampling)."""
     try:
         seconds = since_seconds(since)
-        spans, policies = fetch(url, service, seconds, limit)
+        fetched = fetch(url, service, seconds, limit)
     except ValueError as exc:
         raise CLIError(f"--since: {exc}") from None
     except JaegerError as exc:
         raise CLIError(str(exc)) from None
-    traces = [TraceCalls(t, calls) for t, calls in calls_by_trace(spans) if calls]
+    traces = [TraceCalls(t, calls) for t, calls in calls_by_trace(fetched.spans) if calls]
     if not traces:
         raise CLIError(
             f"Jaeger at {url} has no llm-latency calls of {service} in the last {since} "
-            f"({len(spans)} spans)"
+            f"({len(fetched.spans)} spans)"
         )
-    return traces, policies
+    return traces, fetched
 
 
 @click.command()
@@ -167,11 +167,11 @@ def explain(
     service's traces from Jaeger's query API. The findings are for all the calls together, per
     program (service.name).
     """
-    policies: list[str] = []
+    fetched = Fetched([], False, [])
     if jaeger_url is not None:
         if file is not None or not service:
             raise CLIError("--jaeger URL takes --service NAME and no FILE")
-        traces, policies = from_jaeger(jaeger_url, service, since, limit)
+        traces, fetched = from_jaeger(jaeger_url, service, since, limit)
     else:
         if file is None:
             raise CLIError("explain needs a FILE, or --jaeger URL --service NAME")
@@ -180,9 +180,9 @@ def explain(
             traces = load(text, name)
         except TraceFileError as exc:
             raise CLIError(str(exc)) from None
-    sampled = bool(policies) or tail_sampled
+    sampled = fetched.tail_sampled or tail_sampled
     width = columns_for(sys.stdout)
-    blocks = [sampled_warning(policies)] if sampled else []
+    blocks = [sampled_warning(fetched.policies, fetched.tail_sampled)] if sampled else []
     for trace in traces:
         count = len(trace.calls)
         header = f"trace {trace.trace_id}: {count} call{'s' if count != 1 else ''}"
