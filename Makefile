@@ -74,7 +74,7 @@ dist: $(VENV)/.test-installed
 	$(VENV)/bin/twine check --strict dist/*
 
 test: lint docs dist $(PROMETHEUS3)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --ignore=tests/e2e \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 --ignore=tests/e2e \
 		$(if $(filter yes,$(DOCS_EXAMPLES)),,--ignore=tests/test_docs_examples.py)
 
 # make e2e: the deploy bundle run for real on loopback (tests/e2e/). deploy/build/build-bundle
@@ -94,7 +94,7 @@ E2E_TESTS := tests/e2e/test_versions.py tests/e2e/test_listening.py tests/e2e/te
 e2e: $(VENV)/.test-installed
 	deploy/build/build-bundle $(BUNDLE_BUILDS)
 	LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \
-		--timeout 900 $(E2E_TESTS)
+		--timeout 900 --durations=25 $(E2E_TESTS)
 	# the dashboard and the alerts on the GenAI conventions' released names
 	OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental \
 		LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \

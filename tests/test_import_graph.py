@@ -90,6 +90,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "llm_latency.cpu_wait",
         "llm_latency.providers",
         "llm_latency.provider_profiles",
+        "llm_latency.openai_compatible_profiles",
+        "llm_latency.native_api_profiles",
         "llm_latency.provider_schema",
         "llm_latency.version",
         "llm_latency.testing",
