@@ -5,6 +5,8 @@ program's thread still running as another thread ends the attempt: uninstrument)
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
 from unittest.mock import patch
 
@@ -74,10 +76,45 @@ def test_the_longest_gaps_between_chunks_are_kept() -> None:
     assert starts <= set(arrivals)  # each gap is between two arrivals
 
 
-def chunk_at(attempt: Timeline, at: int) -> None:
+def chunk_at(attempt: Timeline, at: int, data: bytes = b"data: {}\n\n") -> None:
     """``attempt.chunk`` as if it ran at ``at`` (perf_counter_ns)."""
     with patch("llm_latency.timeline.clock_ns", return_value=at):
-        attempt.chunk(b"data: {}\n\n")
+        attempt.chunk(data)
+
+
+CONTROL = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+TOKEN = b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n'
+
+
+def test_the_stream_s_longest_gap_from_its_first_token() -> None:
+    """Whatever the gaps, and wherever the first token comes (or none does): the longest gap
+    from the first token on (none before it counts), the longest of all, and the
+    LONG_GAPS_KEPT longest kept, as read from every gap. (The first token's gaps are watched
+    through the same threshold as the longest ones: a gap under both is neither.)"""
+    rng = random.Random(5)
+    for _ in range(250):
+        count = rng.randrange(1, 60)
+        token_at = rng.randrange(count + 1)  # == count: no token
+        at = time.perf_counter_ns()
+        arrivals = []
+        for _ in range(count):
+            at += rng.choice([rng.randrange(1, 30), rng.randrange(1, 2000)]) * 1_000_000
+            arrivals.append(at)
+        attempt = Timeline("POST", "http://127.0.0.1/v1/chat/completions")
+        attempt.llm_route = True
+        attempt.status_code = 200
+        attempt.response_body("text/event-stream")
+        assert attempt.body is not None
+        for index, when in enumerate(arrivals):
+            chunk_at(attempt, when, TOKEN if index >= token_at else CONTROL)
+        gaps = [(end - start, start) for start, end in itertools.pairwise(arrivals)]
+        token = arrivals[token_at] if token_at < count else 0
+        assert attempt.body.first_token_ns == token
+        from_token = [length for length, start in gaps if token and start >= token]
+        assert attempt.token_max_gap_ns == max(from_token, default=0)
+        assert attempt.max_gap_ns == max((length for length, _ in gaps), default=0)
+        longest = sorted(length for length, _ in gaps)[-LONG_GAPS_KEPT:]
+        assert sorted(length for length, _, _ in attempt.long_gaps) == longest
 
 
 def test_windows_are_the_bounds_of_every_phase_that_happened() -> None:
