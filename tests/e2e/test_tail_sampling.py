@@ -314,6 +314,8 @@ def test_explain_jaeger_warns_that_the_traces_were_tail_sampled(
     report(f"explain --jaeger on tail-sampled traces: {first[:120]}")
 
 
+# pytest holds one ``sampled`` run at a time: the two tests that concern one run only come last,
+# so that each run (a workload through the agent and both gateways) is set up once.
 @pytest.mark.parametrize("sampled", ["static"], indirect=True)  # the dns run keeps all
 def test_healthy_fast_traces_are_sampled_at_the_configured_rate(
     sampled: Sampled, decided: dict[str, dict[str, list[dict[str, Any]]]]
