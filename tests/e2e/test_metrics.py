@@ -48,6 +48,12 @@ def query(run: Run, promql: str, at: float | None = None) -> list[dict[str, Any]
     return result
 
 
+def scenarios_end(run: Run) -> float:
+    """A time (epoch s) within the alert scenarios' last seconds, when what they make current
+    (a gauge, the findings service's window) still showed in Prometheus."""
+    return run.alerts.started + ALERT_SECONDS - 5
+
+
 def hosts(result: list[dict[str, Any]], job: str = "e2e-alerts") -> set[str]:
     return {
         series["metric"].get("server_address", "")
@@ -106,8 +112,7 @@ def test_the_scenario_of_each_alert_makes_its_expression_true(run: Run, alert: s
         # As Prometheus evaluates the rule while the scenarios run: a gauge's alert (the pool's
         # waiting requests) is true only then, and the tests before this one may outlast them
         # on a loaded machine (the pool scenario ended 150 s in, before this test began).
-        at = min(time.time(), run.alerts.started + ALERT_SECONDS - 5)
-        return query(run, rule["expr"], at)
+        return query(run, rule["expr"], min(time.time(), scenarios_end(run)))
 
     found = wait_for(
         lambda: scenario in (seen := hosts(evaluated())) and seen,
@@ -236,7 +241,5 @@ def test_every_dashboard_query_returns_data(alerts_done: Run, panel: Query) -> N
     # Now, or as the dashboard showed it while the scenarios ran: a panel of what is current
     # (the findings service's fixes, whose window forgets calls after a minute) is empty once
     # the tests before this one have outlasted it on a loaded machine.
-    result = query(alerts_done, promql) or query(
-        alerts_done, promql, alerts_done.alerts.started + ALERT_SECONDS - 5
-    )
+    result = query(alerts_done, promql) or query(alerts_done, promql, scenarios_end(alerts_done))
     assert result, f"{panel.where}: no data for {panel.promql}"

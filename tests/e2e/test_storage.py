@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from llm_latency.jaeger_query import since_seconds
 from tests.e2e.bundle import Service, binary, otlp_trace_body, wait_for
 from tests.e2e.conftest import Run, report
 
@@ -56,12 +57,6 @@ def loaded_config(service: Service) -> dict[str, Any]:
     return config
 
 
-def duration(text: str) -> float:
-    """Seconds of a Go duration as the configuration writes it (``168h``, ``3s``)."""
-    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
-    return sum(float(n) * units[u] for n, u in re.findall(r"([0-9.]+)(ms|h|m|s)", text))
-
-
 def traces_store(config: dict[str, Any]) -> dict[str, Any]:
     """The Badger settings of the backend Jaeger writes the traces to."""
     name = config["exporters"]["jaeger_storage_exporter"]["trace_storage"]
@@ -77,7 +72,7 @@ def test_jaeger_runs_badger_in_the_volume_with_7_days_of_retention_and_synced_wr
     badger = traces_store(loaded_config(run.jaeger))
     assert badger["ephemeral"] is False
     assert badger["consistency"] is True
-    assert duration(badger["ttl"]["spans"]) == 7 * 24 * 3600
+    assert since_seconds(badger["ttl"]["spans"]) == 7 * 24 * 3600
     volume = run.bundle.volume("jaeger", "jaeger-data")
     for kind in ("keys", "values"):
         folder = Path(badger["directories"][kind])
@@ -143,7 +138,7 @@ def test_jaeger_forgets_a_trace_when_its_retention_ends(run: Run) -> None:
         return not answers[-1].found
 
     try:
-        assert duration(traces_store(loaded_config(jaeger))["ttl"]["spans"]) == SHORT_TTL_S
+        assert since_seconds(traces_store(loaded_config(jaeger))["ttl"]["spans"]) == SHORT_TTL_S
         trace_id, body = otlp_trace("e2e-retention")
         request = urllib.request.Request(
             run.bundle.url("jaeger-ttl", 4318, "/v1/traces"),
