@@ -85,20 +85,38 @@ test: lint docs dist $(PROMETHEUS3)
 # (or user namespaces): each service runs in a mount namespace of its own with the compose
 # service names in its /etc/hosts.
 BUNDLE_BUILDS ?= .tools/bundle
-E2E_TESTS := tests/e2e/test_versions.py tests/e2e/test_listening.py tests/e2e/test_traces.py \
-	tests/e2e/test_metrics.py tests/e2e/test_tail_sampling.py tests/e2e/test_storage.py \
-	tests/e2e/test_advise.py tests/e2e/test_faults.py tests/e2e/test_probe.py \
-	tests/e2e/test_explain_jaeger.py tests/e2e/test_helm.py tests/e2e/test_opensearch.py \
-	tests/e2e/test_k8s_attributes.py
+# The e2e modules wait on the bundle (alert windows, a 20 s outage, restarts, tail-sampling
+# decisions) far more than they compute, so they run as three groups side by side, each with a
+# bundle of its own on a loopback /24 of its own (LLM_LATENCY_E2E_NET; the services' ports are
+# fixed): the compose run, the scale-out path (Helm, the Kubernetes API server, two gateways,
+# OpenSearch), and test_metrics again on the GenAI conventions' released names. A module that
+# restarts services (test_faults, test_advise) comes last in its group. Each group's output is
+# printed whole when it ends (make --output-sync).
+E2E_COMPOSE := tests/e2e/test_versions.py tests/e2e/test_traces.py tests/e2e/test_metrics.py \
+	tests/e2e/test_storage.py tests/e2e/test_probe.py tests/e2e/test_explain_jaeger.py \
+	tests/e2e/test_faults.py
+E2E_SCALE_OUT := tests/e2e/test_listening.py tests/e2e/test_tail_sampling.py \
+	tests/e2e/test_helm.py tests/e2e/test_opensearch.py tests/e2e/test_k8s_attributes.py \
+	tests/e2e/test_advise.py
+E2E_NET_BASE ?= 127.0.
+E2E_PYTEST = LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \
+	--timeout 900 --durations=12
 
+.PHONY: e2e-compose e2e-scale-out e2e-genai-names
 e2e: $(VENV)/.test-installed
 	deploy/build/build-bundle $(BUNDLE_BUILDS)
-	LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \
-		--timeout 900 --durations=25 $(E2E_TESTS)
-	# the dashboard and the alerts on the GenAI conventions' released names
-	OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental \
-		LLM_LATENCY_BUNDLE_BUILDS=$(BUNDLE_BUILDS) $(PY) -m pytest -p no:cacheprovider \
-		--timeout 900 tests/e2e/test_metrics.py
+	$(MAKE) --no-print-directory -j3 --output-sync=target e2e-compose e2e-scale-out e2e-genai-names
+
+e2e-compose:
+	LLM_LATENCY_E2E_NET=$(E2E_NET_BASE)10 $(E2E_PYTEST) $(E2E_COMPOSE)
+
+e2e-scale-out:
+	LLM_LATENCY_E2E_NET=$(E2E_NET_BASE)11 $(E2E_PYTEST) $(E2E_SCALE_OUT)
+
+# the dashboard and the alerts on the GenAI conventions' released names
+e2e-genai-names:
+	OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental LLM_LATENCY_E2E_NET=$(E2E_NET_BASE)12 \
+		$(E2E_PYTEST) tests/e2e/test_metrics.py
 
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/llm-latency demo
