@@ -12,18 +12,22 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("e2e-compose", "e2e-scale-out", "e2e-genai-names")
 
 
+def _dry_run(target: str) -> str:
+    """What ``make target`` would run (``make -n``), continued lines joined."""
+    return subprocess.run(
+        ["make", "--no-print-directory", "-n", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.replace("\\\n", " ")
+
+
 def _commands() -> dict[str, list[str]]:
-    """Each group's pytest command line, as make would run it (``make -n``)."""
+    """Each group's pytest command line, as make would run it."""
     commands = {}
     for group in GROUPS:
-        printed = subprocess.run(
-            ["make", "--no-print-directory", "-n", group],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.replace("\\\n", " ")
-        (line,) = [line for line in printed.splitlines() if "pytest" in line]
+        (line,) = [line for line in _dry_run(group).splitlines() if "pytest" in line]
         commands[group] = shlex.split(line)
     return commands
 
@@ -53,11 +57,4 @@ def test_each_group_has_a_loopback_net_of_its_own() -> None:
 
 
 def test_make_e2e_runs_the_groups_side_by_side() -> None:
-    printed = subprocess.run(
-        ["make", "--no-print-directory", "-n", "e2e"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert re.search(r"-j3 --output-sync=target " + " ".join(GROUPS), printed)
+    assert re.search(r"-j3 --output-sync=target " + " ".join(GROUPS), _dry_run("e2e"))
