@@ -888,6 +888,38 @@ def test_slow_generation() -> None:
     assert found.saving is not None and found.saving.p50 == pytest.approx(0.05 * 49)
 
 
+def test_long_answers_that_came_slowly_leave_the_slowness_to_slow_generation() -> None:
+    """Long answers, three of seven at six times the usual pace: both findings, and never the
+    same seconds. A slow answer's decode (599 tokens at 60 ms) is slow-generation's beyond the
+    usual 10 ms a token, and long-answer's half of it at the usual pace: together no more than
+    the decode (before, long-answer counted half of it at the slow pace: 18 s beside the 30 s of
+    slowness slow-generation claimed, on 36 s of decode)."""
+    attempts = [_answer(0, ttft=0.1, tpot=0.01, output=600) for _ in range(4)]
+    attempts += [_answer(0, ttft=0.1, tpot=0.06, output=600) for _ in range(3)]
+    findings = diagnose(attempts)
+    assert rules_found(findings) == ["slow-generation", "long-answer"]
+    slow, long = finding(findings, "slow-generation"), finding(findings, "long-answer")
+    assert slow.saving is not None and long.saving is not None
+    assert slow.saving.p50 == pytest.approx(0.05 * 599)
+    # every answer saves half its tokens at the usual pace, the slow ones included
+    assert long.saving.p50 == pytest.approx(300 * 0.01)
+    assert long.saving.p95 == pytest.approx(300 * 0.01)
+    assert slow.saving.p95 + long.saving.p95 <= 599 * 0.06
+    assert "the 3 that came slowly save theirs at the endpoint's usual 10.0 ms" in long.fix
+
+
+def test_long_answers_slower_than_usual_on_too_few_count_at_their_pace() -> None:
+    """One slow answer among long ones is no slow-generation finding: long-answer keeps its
+    whole decode, at its own pace."""
+    attempts = [_answer(0, ttft=0.1, tpot=0.01, output=600) for _ in range(6)]
+    attempts.append(_answer(0, ttft=0.1, tpot=0.06, output=600))
+    findings = diagnose(attempts)
+    assert "slow-generation" not in rules_found(findings)
+    long = finding(findings, "long-answer")
+    assert long.saving is not None and long.saving.p95 > 300 * 0.01
+    assert "came slowly" not in long.fix
+
+
 @pytest.mark.parametrize(
     "attempts",
     [

@@ -101,7 +101,8 @@ def _p50(values: Sequence[float]) -> float:
 
 def long_answer(calls: Sequence[Call]) -> Finding | None:
     """Long answers: generating their tokens is most of their time, the answers' length, not a
-    slow provider (a pace slower than the endpoint's usual is also ``slow-generation``'s)."""
+    slow provider. A shorter answer saves its tokens at its pace; where ``slow-generation``
+    finds the answer slow, at the endpoint's usual pace (the time beyond is that finding's)."""
     attempts = answered(calls)
     chosen: list[tuple[Attempt, int, float, bool]] = []
     for a in attempts:
@@ -121,13 +122,22 @@ def long_answer(calls: Sequence[Call]) -> Finding | None:
         if bound
         else f"{duration(rate)} per token ({1 / max(rate, 1e-9):.0f} tokens/s)"
     )
-    halved = [output / 2 * r for _, output, r, _ in chosen]
+    # The answers that came slowly: their time beyond the endpoint's usual pace is
+    # slow-generation's; a shorter answer saves its tokens at the usual pace.
+    slow = generated_slowly(attempts)
+    usual = {id(a): pace for a, _, pace, _ in slow[0]} if slow else {}
+    halved = [output / 2 * min(r, usual.get(id(a), r)) for a, output, r, _ in chosen]
     fix = (
         "ask for a shorter answer (say so in the prompt: a length, a terser format) and cap it "
         "with max_tokens (OpenAI's chat API: max_completion_tokens; its Responses API: "
         f"max_output_tokens): each output token costs {duration(rate)}, so answers half as "
         "long save half of it"
     )
+    if slowed := [usual[id(a)] for a, *_ in chosen if id(a) in usual]:
+        fix += (
+            f"; the {len(slowed)} that came slowly save theirs at the endpoint's usual "
+            f"{duration(_p50(slowed))} per token (slow-generation counts the time beyond it)"
+        )
     if not all(a.streamed for a, *_ in chosen):
         fix += "; stream them (stream=True) so the first tokens show before the whole answer"
     return Finding(
@@ -258,11 +268,16 @@ def provider_queue(calls: Sequence[Call]) -> Finding | None:
     )
 
 
-def slow_generation(calls: Sequence[Call]) -> Finding | None:
-    """The tokens came far slower than the endpoint's usual pace: the provider generated
-    slowly at that time."""
-    attempts = answered(calls)
-    slow: list[tuple[Attempt, float, float, float]] = []  # attempt, rate, usual, excess
+#: An answer that came slowly: the attempt, its time per output token, the endpoint's usual one,
+#: and the time beyond the usual (s).
+Slow = tuple[Attempt, float, float, float]
+
+
+def generated_slowly(attempts: Sequence[Attempt]) -> tuple[list[Slow], set[str]] | None:
+    """The answers ``slow-generation`` finds slow and their endpoints, or None when it does not
+    apply: tokens at least :data:`SLOW_GENERATION_MIN_RATIO` times slower than the endpoint's
+    usual pace, each losing at least :data:`SLOW_GENERATION_MIN_EXCESS`, enough of them."""
+    slow: list[Slow] = []
     hosts: set[str] = set()
     for key, group in by_endpoint(attempts).items():
         usual = decode_baseline(group)
@@ -279,6 +294,18 @@ def slow_generation(calls: Sequence[Call]) -> Finding | None:
     lost = [e for *_, e in slow]
     if len(slow) < MIN_REQUESTS or sum(lost) < SLOW_GENERATION_MIN_SHARE * total(attempts):
         return None
+    return slow, hosts
+
+
+def slow_generation(calls: Sequence[Call]) -> Finding | None:
+    """The tokens came far slower than the endpoint's usual pace: the provider generated
+    slowly at that time."""
+    attempts = answered(calls)
+    found = generated_slowly(attempts)
+    if found is None:
+        return None
+    slow, hosts = found
+    lost = [e for *_, e in slow]
     rate, usual = _p50([r for _, r, _, _ in slow]), _p50([u for _, _, u, _ in slow])
     return Finding(
         rule="slow-generation",
