@@ -908,6 +908,25 @@ def test_long_answers_that_came_slowly_leave_the_slowness_to_slow_generation() -
     assert "the 3 that came slowly save theirs at the endpoint's usual 10.0 ms" in long.fix
 
 
+def test_a_pause_mid_stream_is_the_stall_s_not_a_slow_pace() -> None:
+    """Three of nine streams paused 5 s between two tokens, their tokens otherwise at the usual
+    10 ms: the pause is stream-stall's, and the pace it leaves is the usual one. Before,
+    the pause made their time per output token 35 ms and slow-generation claimed the same 5 s
+    ("the provider generated slowly"), ranked first."""
+    attempts = [_answer(0, ttft=0.1, tpot=0.01, output=200) for _ in range(6)]
+    paused = [_answer(0, ttft=0.1, tpot=0.01 + 5.0 / 199, output=200) for _ in range(3)]
+    for attempt in paused:
+        attempt.stream_max_gap = 5.0
+    findings = diagnose(attempts + paused)
+    assert rules_found(findings) == ["stream-stall"]
+    stall = finding(findings, "stream-stall")
+    mean = (paused[0].duration - 0.1) / 200  # the stream's mean gap after its first token
+    assert stall.saving is not None and stall.saving.p50 == pytest.approx(5.0 - mean)
+    # a pace that is slow without a pause is still slow-generation's
+    slow = [_answer(0, ttft=0.1, tpot=0.01 + 5.0 / 199, output=200) for _ in range(3)]
+    assert "slow-generation" in rules_found(diagnose(attempts + slow))
+
+
 def test_long_answers_slower_than_usual_on_too_few_count_at_their_pace() -> None:
     """One slow answer among long ones is no slow-generation finding: long-answer keeps its
     whole decode, at its own pace."""

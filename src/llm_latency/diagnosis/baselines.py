@@ -36,6 +36,11 @@ FIT_MIN_STEP: Final = 0.1
 #: trace of thousands of calls is read in a moment.
 FIT_MAX_POINTS: Final = 200
 
+#: stream-stall: a pause between two chunks after the first token of at least this (s)...
+STALL_MIN_GAP: Final = 1.0
+#: ... and at least this many times the stream's mean gap after its first token.
+STALL_MIN_RATIO: Final = 5.0
+
 #: An endpoint: where the calls went (host, and port when the URL names one) and the model.
 Endpoint = tuple[str, str]
 
@@ -87,12 +92,16 @@ def first_token(attempt: Attempt) -> float | None:
 
 def per_token(attempt: Attempt) -> tuple[float, bool] | None:
     """Seconds per output token, and whether that is only an upper bound: measured on the
-    stream (the program's own loop stall while reading it taken off), else the server's own
+    stream (the program's own loop stall while reading it and the stream's pause beyond its
+    mean gap, :func:`stream_pause`, taken off), else the server's own
     decode time over the tokens, else (an answer not streamed) the server's whole time over
     them, which includes the prompt's. None when not known."""
     output = attempt.output_tokens
     if attempt.time_per_output_token is not None:
         stall = sum(p.lag or 0.0 for p in attempt.phases if p.name == "receive")
+        pause = stream_pause(attempt)  # stream-stall's seconds, no pace of the provider's
+        if pause is not None:
+            stall += pause[0] - pause[1]
         stalled = stall / (output - 1) if output and output > 1 else 0.0
         return max(attempt.time_per_output_token - stalled, 0.0), False
     if attempt.server_decode is not None and output:
@@ -100,6 +109,20 @@ def per_token(attempt: Attempt) -> tuple[float, bool] | None:
     if attempt.server_time_per_output_token_max is not None:
         return attempt.server_time_per_output_token_max, True
     return None
+
+
+def stream_pause(attempt: Attempt) -> tuple[float, float] | None:
+    """The stream's pause, ``stream-stall``'s: its longest gap after the first token (the
+    program's own loop stall in it taken off) and its mean gap then (s), when the gap is at
+    least :data:`STALL_MIN_GAP` and :data:`STALL_MIN_RATIO` times the mean; else None."""
+    gap, events = attempt.stream_max_gap, attempt.stream_events
+    receive = attempt.phase("receive")
+    if gap is None or not events or receive is None or gap < STALL_MIN_GAP:
+        return None
+    first = attempt.time_to_first_token
+    streamed = attempt.duration - first if first is not None else receive
+    mean = max(streamed, 0.0) / max(events, 1)
+    return (gap, mean) if gap >= STALL_MIN_RATIO * mean else None
 
 
 def measured_rate(attempt: Attempt) -> float | None:

@@ -16,6 +16,7 @@ from typing import Final
 
 from llm_latency import semconv
 from llm_latency.diagnosis import failures, tokens
+from llm_latency.diagnosis.baselines import STALL_MIN_GAP, STALL_MIN_RATIO, stream_pause
 from llm_latency.diagnosis.connections import (
     NEW_CONNECTION_MIN_SETUP,
     NEW_CONNECTION_MIN_SHARE,
@@ -47,10 +48,6 @@ OVERHEAD_MIN_SHARE_OF_WAIT: Final = 0.2
 NOT_STREAMED_MIN_WAIT: Final = 1.0
 #: ... and at least this share of the attempt.
 NOT_STREAMED_MIN_SHARE: Final = 0.6
-#: stream-stall: a pause between two chunks of at least this (s)...
-STALL_MIN_GAP: Final = 1.0
-#: ... and at least this many times the stream's mean gap.
-STALL_MIN_RATIO: Final = 5.0
 #: event-loop-lag: the program's loop held at least two requests back at least this (s), and
 #: this at p50...
 LAG_MIN: Final = 0.05
@@ -67,6 +64,8 @@ __all__ = [
     "RULES",
     "SLOW_CONNECT",
     "SLOW_DNS",
+    "STALL_MIN_GAP",
+    "STALL_MIN_RATIO",
     "new_connections",
     "pool_queue",
     "slow_connect",
@@ -191,16 +190,10 @@ def stream_stall(calls: Sequence[Call]) -> Finding | None:
     stalls: list[float] = []
     usual: list[float] = []
     for attempt in attempts:
-        gap, events = attempt.stream_max_gap, attempt.stream_events
-        receive = attempt.phase("receive")
-        if gap is None or not events or receive is None or gap < STALL_MIN_GAP:
-            continue
-        first = attempt.time_to_first_token
-        streamed = attempt.duration - first if first is not None else receive
-        mean = max(streamed, 0.0) / max(events, 1)
-        if gap >= STALL_MIN_RATIO * mean:
-            stalls.append(gap)
-            usual.append(mean)
+        pause = stream_pause(attempt)
+        if pause is not None:
+            stalls.append(pause[0])
+            usual.append(pause[1])
     if not stalls:
         return None
     evidence = Evidence.of("stream.max_gap", stalls, sum(stalls) / _total(attempts), len(attempts))
