@@ -686,6 +686,24 @@ def test_a_queue_that_was_the_loop_s_stall_is_not_the_pool_s() -> None:
     assert "pool-queue" not in rules_found(diagnose([Call("c", 0, 0.4, attempts)]))
 
 
+def test_an_http2_queue_counts_without_the_loop_s_stall_in_it() -> None:
+    """Six HTTP/2 requests at once on a connection that runs two: four waited for a stream (two
+    0.3 s, two 0.5 s), 0.1 s of each wait the program's own stall. The stall is
+    event-loop-lag's; http2-stream-limit claims the rest of the queue, as pool-queue does."""
+    attempts = []
+    for i in range(6):
+        queued = i // 2 * 0.2 + (0.1 if i >= 2 else 0.0)
+        attempt = _attempt(0.0, queued, 0.2, lag=0.1 if i >= 2 else None)
+        attempt.protocol = "2"
+        attempt.event_loop_lag = 0.1 if i >= 2 else 0.0
+        attempts.append(attempt)
+    findings = diagnose([Call("c", 0, 0.8, attempts)])
+    assert {"http2-stream-limit", "event-loop-lag"} <= set(rules_found(findings))
+    streams = finding(findings, "http2-stream-limit")
+    assert streams.saving is not None
+    assert streams.saving.p50 == pytest.approx(0.3) and streams.saving.p95 == pytest.approx(0.4)
+
+
 def test_phase_spans_lag_is_read_and_taken_off() -> None:
     """``llm_latency.event_loop.lag`` on a phase span: ``Phase.lag``, and ``net`` without it;
     a phase span without it has no lag (unknown), not 0."""

@@ -61,22 +61,24 @@ def _streams_at_once(attempts: Sequence[Attempt]) -> int:
 
 
 def _stream_waits(same_host: Sequence[Attempt]) -> list[float]:
-    """The queue times of the HTTP/2 requests that waited until another request ended: one
-    ended during the wait, or by the time it was over (the attempt's end is taken once its
-    stream is given back, so the waiting request may start first), within
-    ``STREAM_RELEASE_SLACK`` of the wait."""
+    """The queue times of the HTTP/2 requests that waited until another request ended, less
+    the program's own loop stall in them: one ended during the wait, or by the time it was
+    over (the attempt's end is taken once its stream is given back, so the waiting request
+    may start first), within ``STREAM_RELEASE_SLACK`` of the wait."""
     ends = sorted(_end(a) for a in same_host)
     waits = []
     for attempt in same_host:
         queue = attempt.phase("queue") or 0.0
-        if queue < STREAM_QUEUE_MIN_WAIT:
+        # the program's own stall in the queue is event-loop-lag's (as for pool-queue)
+        waited = attempt.net("queue") or 0.0
+        if waited < STREAM_QUEUE_MIN_WAIT:
             continue
         start, done = _at(attempt, "queue"), _at(attempt, "queue", end=True)
         if start is None or done is None:
             continue
         slack = int(queue * STREAM_RELEASE_SLACK * 1e9)
         if any(start <= end <= done + slack for end in ends):
-            waits.append(queue)
+            waits.append(waited)
     return waits
 
 
