@@ -93,9 +93,9 @@ def first_token(attempt: Attempt) -> float | None:
 def per_token(attempt: Attempt) -> tuple[float, bool] | None:
     """Seconds per output token, and whether that is only an upper bound: measured on the
     stream (the program's own loop stall while reading it and the stream's pause beyond its
-    mean gap, :func:`stream_pause`, taken off), else the server's own
-    decode time over the tokens, else (an answer not streamed) the server's whole time over
-    them, which includes the prompt's. None when not known."""
+    mean gap, :func:`stream_pause`, taken off), else the server's own decode time over the
+    tokens, else (an answer not streamed) the server's whole time over them, which includes
+    the prompt's. None when not known."""
     output = attempt.output_tokens
     if attempt.time_per_output_token is not None:
         stall = sum(p.lag or 0.0 for p in attempt.phases if p.name == "receive")
