@@ -994,6 +994,33 @@ def test_small_streamed_prompts_one_by_one() -> None:
     assert found.saving is not None and found.saving.p50 == pytest.approx(0.2)
 
 
+def test_small_prompts_on_new_connections_leave_the_set_up_to_new_connections() -> None:
+    """Ten small prompts one after another, each on a new connection (0.2 s of DNS, TCP and
+    TLS; a script that posts without a session): both findings, and never the same seconds.
+    Merging removes the set-up too, but new-connections' fix removes it without merging: the
+    merge saves the 0.3 s to the first token that is the provider's and the round trip's.
+    Before, it counted the whole 0.5 s, the set-up new-connections claimed included."""
+    attempts = []
+    for i in range(10):
+        attempt = _answer(0, ttft=0.3, tpot=0.01, prompt=100 + 10 * i, output=20)
+        later = tuple(Phase(p.name, p.start + 0.2, p.duration, p.lag) for p in attempt.phases)
+        set_up = (Phase("dns", 0.0, 0.05), Phase("connect", 0.05, 0.05), Phase("tls", 0.1, 0.1))
+        attempt.phases = set_up + later
+        attempt.duration += 0.2
+        attempt.time_to_first_token = attempt.time_to_first_chunk = 0.5
+        attempt.reused = False
+        attempts.append(attempt)
+    findings = diagnose(_one_by_one(attempts))
+    assert {"small-prompts-one-by-one", "new-connections"} <= set(rules_found(findings))
+    merged = finding(findings, "small-prompts-one-by-one")
+    connections = finding(findings, "new-connections")
+    assert "500 ms of each request" in merged.cause  # the whole fixed cost, as seen
+    assert merged.saving is not None and connections.saving is not None
+    assert merged.saving.p50 == pytest.approx(0.3)
+    assert merged.saving.p50 + connections.saving.p50 == pytest.approx(0.5)
+    assert "leaves out the connections' set-up" in merged.fix
+
+
 @pytest.mark.parametrize(
     "attempts",
     [

@@ -85,9 +85,16 @@ def first_token(attempt: Attempt) -> float | None:
     while sending and waiting (s); None when not streamed."""
     if attempt.time_to_first_token is None:
         return None
+    return max(attempt.time_to_first_token - this_side(attempt), 0.0)
+
+
+def this_side(attempt: Attempt) -> float:
+    """What this side added to the attempt before the provider could answer (s): the wait for
+    a pooled connection, the connection's set-up, and the program's own loop stall while
+    sending and waiting; the seconds ``pool-queue``, the connection rules and
+    ``event-loop-lag`` count."""
     own = sum(p.duration for p in attempt.phases if p.name == "queue" or p.name in SETUP_PHASES)
-    own += sum(p.lag or 0.0 for p in attempt.phases if p.name in ("send", "wait"))
-    return max(attempt.time_to_first_token - own, 0.0)
+    return own + sum(p.lag or 0.0 for p in attempt.phases if p.name in ("send", "wait"))
 
 
 def per_token(attempt: Attempt) -> tuple[float, bool] | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from llm_latency import semconv
-from llm_latency.diagnosis import failures, tokens
+from llm_latency.diagnosis import failures, one_by_one, tokens
 from llm_latency.diagnosis.baselines import STALL_MIN_GAP, STALL_MIN_RATIO, stream_pause
 from llm_latency.diagnosis.connections import (
     NEW_CONNECTION_MIN_SETUP,
@@ -327,7 +327,7 @@ RULES: Final[tuple[Rule, ...]] = (
     tokens.slow_generation,
     tokens.long_prompt,
     tokens.long_answer,
-    tokens.small_prompts_one_by_one,
+    one_by_one.small_prompts_one_by_one,
     not_streamed,
     stream_stall,
     server_time,

@@ -10,8 +10,9 @@ compares the calls with their endpoint's own baseline (:mod:`~llm_latency.diagno
 - ``provider-queue``: the first token came far later than the endpoint's own calls with
   prompts of that size, the tokens then at the usual pace (or the provider says it queued);
 - ``slow-generation``: the tokens came far slower than the endpoint's usual pace;
-- ``small-prompts-one-by-one``: many small prompts sent one after another, each paying the
-  request's fixed cost.
+
+and, in :mod:`~llm_latency.diagnosis.one_by_one`, ``small-prompts-one-by-one``: many small
+prompts sent one after another, each paying the request's fixed cost.
 
 A token finding says why the provider took its time: ``server-time`` (the provider's time,
 without the tokens' reason) and, for long answers, ``not-streamed`` (the same seconds, seen from
@@ -20,7 +21,6 @@ the first byte) yield to it (:data:`SUPERSEDED`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Final
 
@@ -33,7 +33,6 @@ from llm_latency.diagnosis.baselines import (
     measured_rate,
     named,
     per_token,
-    slope,
     uncached,
 )
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percent, percentile
@@ -65,17 +64,6 @@ SLOW_GENERATION_MIN_RATIO: Final = 3.0
 #: ... costing at least this (s) more per answer, on at least this share of the time.
 SLOW_GENERATION_MIN_EXCESS: Final = 0.25
 SLOW_GENERATION_MIN_SHARE: Final = 0.1
-#: small-prompts-one-by-one: at least this many calls, one after another...
-BATCH_MIN_REQUESTS: Final = 8
-#: ... each starting at most this long (s) after the last one ended...
-BATCH_MAX_GAP: Final = 0.25
-#: ... each with at most this many input tokens and this many output tokens...
-BATCH_MAX_INPUT_TOKENS: Final = 500
-BATCH_MAX_OUTPUT_TOKENS: Final = 100
-#: ... and the requests' fixed cost at least this share of their time. (A merged request asks
-#: for fewer than ``LONG_ANSWER_MIN_TOKENS`` output tokens: merging makes no long answer.)
-BATCH_MIN_FIXED_SHARE: Final = 0.5
-
 #: The findings that yield to a token finding (left out when one of these is there): they
 #: describe the same seconds of the provider's time without saying why.
 SUPERSEDED: Final = {
@@ -90,12 +78,15 @@ def without_superseded(findings: Sequence[Finding]) -> list[Finding]:
     return [f for f in findings if not present & set(SUPERSEDED.get(f.rule, ()))]
 
 
-def _evidence(phase: str, values: Sequence[float], attempts: Sequence[Attempt]) -> Evidence:
+def token_evidence(phase: str, values: Sequence[float], attempts: Sequence[Attempt]) -> Evidence:
+    """A token rule's evidence: ``values`` (s, one per request it concerns) and their share of
+    the ``attempts``' time, at least :data:`MIN_REQUESTS` of them needed."""
     share = min(sum(values) / total(attempts), 1.0)
     return Evidence.of(phase, values, share, len(attempts), needed=MIN_REQUESTS)
 
 
-def _p50(values: Sequence[float]) -> float:
+def p50(values: Sequence[float]) -> float:
+    """The median of ``values`` (NaN when empty)."""
     return percentile(values, 50)
 
 
@@ -110,11 +101,11 @@ def long_answer(calls: Sequence[Call]) -> Finding | None:
         if known is not None and a.output_tokens and a.output_tokens >= LONG_ANSWER_MIN_TOKENS:
             chosen.append((a, a.output_tokens, known[0], known[1]))
     decode = [output * rate for _, output, rate, _ in chosen]
-    if len(chosen) < MIN_REQUESTS or _p50(decode) < LONG_ANSWER_MIN_DECODE:
+    if len(chosen) < MIN_REQUESTS or p50(decode) < LONG_ANSWER_MIN_DECODE:
         return None
     if sum(decode) < LONG_ANSWER_MIN_SHARE * total([a for a, *_ in chosen]):
         return None
-    rate = _p50([r for *_, r, _ in chosen])
+    rate = p50([r for *_, r, _ in chosen])
     bound = any(b for *_, b in chosen)
     pace = (
         f"{duration(rate)} per token or less (the server's time over its output tokens: an "
@@ -136,17 +127,17 @@ def long_answer(calls: Sequence[Call]) -> Finding | None:
     if slowed := [usual[id(a)] for a, *_ in chosen if id(a) in usual]:
         fix += (
             f"; the {len(slowed)} that came slowly save theirs at the endpoint's usual "
-            f"{duration(_p50(slowed))} per token (slow-generation counts the time beyond it)"
+            f"{duration(p50(slowed))} per token (slow-generation counts the time beyond it)"
         )
     if not all(a.streamed for a, *_ in chosen):
         fix += "; stream them (stream=True) so the first tokens show before the whole answer"
     return Finding(
         rule="long-answer",
-        cause=f"{len(chosen)} answers were long: {_p50([o for _, o, *_ in chosen]):.0f} output "
-        f"tokens at p50, generated at {pace}: {duration(_p50(decode))} of each request",
-        evidence=_evidence("decode (output tokens)", decode, attempts),
+        cause=f"{len(chosen)} answers were long: {p50([o for _, o, *_ in chosen]):.0f} output "
+        f"tokens at p50, generated at {pace}: {duration(p50(decode))} of each request",
+        evidence=token_evidence("decode (output tokens)", decode, attempts),
         fix=fix,
-        saving=Saving(_p50(halved), percentile(halved, 95), len(chosen)),
+        saving=Saving(p50(halved), percentile(halved, 95), len(chosen)),
     )
 
 
@@ -179,28 +170,28 @@ def long_prompt(calls: Sequence[Call]) -> Finding | None:
             elif fit and model is not None and first is not None:
                 chosen.append((a, min(model.prompt_part(a), whole), whole))
     parts = [part for _, part, _ in chosen]
-    if len(chosen) < MIN_REQUESTS or _p50(parts) < LONG_PROMPT_MIN_TIME:
+    if len(chosen) < MIN_REQUESTS or p50(parts) < LONG_PROMPT_MIN_TIME:
         return None
     if sum(parts) < LONG_PROMPT_MIN_SHARE * sum(whole for *_, whole in chosen):
         return None
     prompts = [float(uncached(a) or 0) for a, *_ in chosen]
-    per_1000 = _p50([part / max(p, 1.0) * 1000 for part, p in zip(parts, prompts, strict=True)])
+    per_1000 = p50([part / max(p, 1.0) * 1000 for part, p in zip(parts, prompts, strict=True)])
     halved = [part / 2 for part in parts]
     return Finding(
         rule="long-prompt",
-        cause=f"{len(chosen)} prompts were long: {_p50(prompts):.0f} tokens at p50 that the "
+        cause=f"{len(chosen)} prompts were long: {p50(prompts):.0f} tokens at p50 that the "
         f"provider had to read before the first token of the answer, "
         f"{duration(per_1000)} per 1000 tokens: "
-        f"{duration(_p50(parts))} of the {duration(_p50([w for *_, w in chosen]))} to the "
+        f"{duration(p50(parts))} of the {duration(p50([w for *_, w in chosen]))} to the "
         "first token at p50; the time to first token grows with the prompt",
-        evidence=_evidence("prefill (prompt tokens)", parts, attempts),
+        evidence=token_evidence("prefill (prompt tokens)", parts, attempts),
         fix="trim the prompt (older turns of the conversation, fewer or shorter retrieved "
         "passages, instructions said once) and cache its stable prefix: OpenAI caches prompts "
         "of 1024 tokens or more by itself when they begin alike (fixed instructions and "
         "context first, what changes last), Anthropic only what `cache_control` marks (on "
         f"the last block of the fixed part); {_cache_state([a for a, *_ in chosen])}; a "
         "prompt half as long saves half of its part",
-        saving=Saving(_p50(halved), percentile(halved, 95), len(chosen)),
+        saving=Saving(p50(halved), percentile(halved, 95), len(chosen)),
     )
 
 
@@ -244,27 +235,27 @@ def provider_queue(calls: Sequence[Call]) -> Finding | None:
         return None
     firsts = [f for a, *_ in queued if (f := first_token(a)) is not None]
     against = (
-        f"the provider reported {duration(_p50(excess))} of queue time at p50"
+        f"the provider reported {duration(p50(excess))} of queue time at p50"
         if reported == len(queued)
-        else f"against {duration(_p50([u for *_, u in queued]))} usual for prompts of that size "
+        else f"against {duration(p50([u for *_, u in queued]))} usual for prompts of that size "
         f"on the same endpoint (the {BASELINE_PERCENTILE}th percentile of its calls, after "
         "the prompt's part)"
     )
     waited = (
-        f"got their first token {duration(_p50(firsts))} after sending at p50, " if firsts else ""
+        f"got their first token {duration(p50(firsts))} after sending at p50, " if firsts else ""
     )
     return Finding(
         rule="provider-queue",
         cause=f"{len(queued)} of {len(attempts)} requests to {', '.join(sorted(hosts))} "
         f"{waited}{against}, the tokens then coming at the usual pace: the provider's queue at "
         "that time",
-        evidence=_evidence("first token (beyond the usual)", excess, attempts),
+        evidence=token_evidence("first token (beyond the usual)", excess, attempts),
         fix="the provider queued the requests at that time: send them to another region or "
         "deployment of the model, buy provisioned (reserved) throughput, or run work that can "
         "wait off-peak; confirm with `llm-latency watch` on the endpoint, whose probes wait "
         "too when it is the provider's queue (a server of one's own: more replicas, or fewer "
         "requests at once)",
-        saving=Saving(_p50(excess), percentile(excess, 95), len(queued)),
+        saving=Saving(p50(excess), percentile(excess, 95), len(queued)),
     )
 
 
@@ -306,7 +297,7 @@ def slow_generation(calls: Sequence[Call]) -> Finding | None:
         return None
     slow, hosts = found
     lost = [e for *_, e in slow]
-    rate, usual = _p50([r for _, r, _, _ in slow]), _p50([u for _, _, u, _ in slow])
+    rate, usual = p50([r for _, r, _, _ in slow]), p50([u for _, _, u, _ in slow])
     return Finding(
         rule="slow-generation",
         cause=f"{len(slow)} of {len(attempts)} answers from {', '.join(sorted(hosts))} came at "
@@ -314,102 +305,9 @@ def slow_generation(calls: Sequence[Call]) -> Finding | None:
         f"endpoint's usual {duration(usual)} ({1 / usual:.0f} tokens/s, the "
         f"{BASELINE_PERCENTILE}th percentile of its calls): the provider generated slowly at "
         "that time",
-        evidence=_evidence("decode (beyond the usual)", lost, attempts),
+        evidence=token_evidence("decode (beyond the usual)", lost, attempts),
         fix="another region or deployment of the model, or a smaller, faster model for this "
         "task; confirm with `llm-latency watch` on the endpoint, whose inference probes slow "
         "down too when it is the provider, and report it with the request ids if it lasts",
-        saving=Saving(_p50(lost), percentile(lost, 95), len(slow)),
-    )
-
-
-def _small(attempt: Attempt) -> bool:
-    return (
-        attempt.input_tokens is not None
-        and attempt.output_tokens is not None
-        and attempt.input_tokens <= BATCH_MAX_INPUT_TOKENS
-        and attempt.output_tokens <= BATCH_MAX_OUTPUT_TOKENS
-    )
-
-
-def _runs(group: Sequence[Attempt]) -> list[list[Attempt]]:
-    """The group's small calls that went one after another, each soon after the last, in runs
-    of at least :data:`BATCH_MIN_REQUESTS`."""
-    runs: list[list[Attempt]] = []
-    current: list[Attempt] = []
-    for a in group:  # in start order
-        if current:
-            last = current[-1]
-            gap = (a.start_ns - last.start_ns) / 1e9 - last.duration
-            # (a microsecond of overlap is the rounding of two spans that touch)
-            if not _small(a) or gap < -1e-6 or gap > BATCH_MAX_GAP:
-                runs.append(current)
-                current = []
-        if _small(a):
-            current.append(a)
-    runs.append(current)
-    return [run for run in runs if len(run) >= BATCH_MIN_REQUESTS]
-
-
-def _fixed_costs(run: Sequence[Attempt], group: Sequence[Attempt]) -> list[float]:
-    """Each call's fixed cost: what it took beyond its prompt's and its answer's tokens (its
-    time to first token less the prompt's part; not streamed: its time less the answer's
-    decode, from the server's decode time or a fit of the time against the output tokens)."""
-    model = first_token_model(group)
-    plain = [a for a in run if a.time_to_first_token is None]
-    per = slope([(float(a.output_tokens or 0), a.duration) for a in plain])
-    per = max(per, 0.0) if per is not None else decode_baseline(group)
-    costs = []
-    for a in run:
-        if a.time_to_first_token is not None:
-            prompt = model.prompt_part(a) if model is not None else 0.0
-            costs.append(max(a.time_to_first_token - prompt, 0.0))
-        elif a.server_decode is not None:
-            costs.append(max(a.duration - a.server_decode, 0.0))
-        elif per is not None:
-            costs.append(max(a.duration - per * (a.output_tokens or 0), 0.0))
-    return costs
-
-
-def small_prompts_one_by_one(calls: Sequence[Call]) -> Finding | None:
-    """Many small prompts sent one after another: each request pays its fixed cost (the
-    network, the provider's own start) for a few tokens; merged, they pay it once."""
-    attempts = answered(calls)
-    runs: list[list[Attempt]] = []
-    costs: list[float] = []
-    for group in by_endpoint(attempts).values():
-        for run in _runs(group):
-            found = _fixed_costs(run, group)
-            distinct = len({a.input_tokens for a in run}) > 1  # one request repeated: a probe
-            fixed = sum(found) >= BATCH_MIN_FIXED_SHARE * total(run)
-            if len(found) >= BATCH_MIN_REQUESTS and distinct and fixed:
-                runs.append(run)
-                costs += found
-    if not runs:
-        return None
-    every = [a for run in runs for a in run]
-    outputs = [float(a.output_tokens or 0) for a in every]
-    inputs = [float(a.input_tokens or 0) for a in every]
-    per_request = max(1, int(LONG_ANSWER_MIN_TOKENS // max(percentile(outputs, 95), 1.0)))
-    per_request = min(per_request, max(len(run) for run in runs))
-    if per_request < 2:
-        return None
-    merged = sum(math.ceil(len(run) / per_request) for run in runs)
-    budget = math.ceil(per_request * max(outputs))
-    return Finding(
-        rule="small-prompts-one-by-one",
-        cause=f"{len(every)} small prompts went one after another, each waiting for the last: "
-        f"{_p50(inputs):.0f} input and {_p50(outputs):.0f} output tokens at p50, and "
-        f"{duration(_p50(costs))} of each request's {duration(_p50([a.duration for a in every]))} "
-        "was the request's own fixed cost, not its tokens",
-        evidence=_evidence("fixed cost per request", costs, attempts),
-        fix=f"unless each needs the answer before it (an agent's steps), merge them, "
-        f"{per_request} prompts a request (numbered items, one answer each, e.g. a JSON list): "
-        f"{merged} request{'' if merged == 1 else 's'} of about "
-        f"{per_request * _p50(inputs):.0f} input and {per_request * _p50(outputs):.0f} output "
-        f"tokens instead of {len(every)}; set max_tokens to at least {budget} so no answer is "
-        f"cut off (fewer than {LONG_ANSWER_MIN_TOKENS} output tokens a request keeps each "
-        "answer short); or, when each must be a request of its own, send them concurrently "
-        "(asyncio.gather, a thread pool) within the rate limits; work that can wait hours: "
-        "the provider's batch API",
-        saving=Saving(_p50(costs), percentile(costs, 95), len(every) - merged),
+        saving=Saving(p50(lost), percentile(lost, 95), len(slow)),
     )

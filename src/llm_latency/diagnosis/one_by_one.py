@@ -1,0 +1,145 @@
+"""The ``small-prompts-one-by-one`` rule: many small prompts sent one after another, each
+paying the request's fixed cost (the network's round trip, the provider's own start) for a few
+tokens; merged, they pay it once.
+
+A run is at least :data:`BATCH_MIN_REQUESTS` calls to one endpoint, each small and each soon
+after the last one ended. Each call's fixed cost is what it took beyond its tokens, read with
+the endpoint's own baselines (:mod:`~llm_latency.diagnosis.baselines`). The saving counts only
+what merging alone removes: the wait for a pooled connection, the connection's set-up and the
+program's own loop stall are the seconds of ``pool-queue``, the connection rules and
+``event-loop-lag``, whose fixes remove them without merging (two findings never claim the same
+seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+from llm_latency.diagnosis.baselines import (
+    by_endpoint,
+    decode_baseline,
+    first_token_model,
+    slope,
+    this_side,
+)
+from llm_latency.diagnosis.findings import Finding, Saving, duration, percentile
+from llm_latency.diagnosis.measured import answered, total
+from llm_latency.diagnosis.records import Attempt, Call
+from llm_latency.diagnosis.tokens import LONG_ANSWER_MIN_TOKENS, p50, token_evidence
+
+#: small-prompts-one-by-one: at least this many calls, one after another...
+BATCH_MIN_REQUESTS: Final = 8
+#: ... each starting at most this long (s) after the last one ended...
+BATCH_MAX_GAP: Final = 0.25
+#: ... each with at most this many input tokens and this many output tokens...
+BATCH_MAX_INPUT_TOKENS: Final = 500
+BATCH_MAX_OUTPUT_TOKENS: Final = 100
+#: ... and the requests' fixed cost at least this share of their time. (A merged request asks
+#: for fewer than ``LONG_ANSWER_MIN_TOKENS`` output tokens: merging makes no long answer.)
+BATCH_MIN_FIXED_SHARE: Final = 0.5
+
+
+def _small(attempt: Attempt) -> bool:
+    return (
+        attempt.input_tokens is not None
+        and attempt.output_tokens is not None
+        and attempt.input_tokens <= BATCH_MAX_INPUT_TOKENS
+        and attempt.output_tokens <= BATCH_MAX_OUTPUT_TOKENS
+    )
+
+
+def _runs(group: Sequence[Attempt]) -> list[list[Attempt]]:
+    """The group's small calls that went one after another, each soon after the last, in runs
+    of at least :data:`BATCH_MIN_REQUESTS`."""
+    runs: list[list[Attempt]] = []
+    current: list[Attempt] = []
+    for a in group:  # in start order
+        if current:
+            last = current[-1]
+            gap = (a.start_ns - last.start_ns) / 1e9 - last.duration
+            # (a microsecond of overlap is the rounding of two spans that touch)
+            if not _small(a) or gap < -1e-6 or gap > BATCH_MAX_GAP:
+                runs.append(current)
+                current = []
+        if _small(a):
+            current.append(a)
+    runs.append(current)
+    return [run for run in runs if len(run) >= BATCH_MIN_REQUESTS]
+
+
+def _fixed_costs(run: Sequence[Attempt], group: Sequence[Attempt]) -> list[tuple[Attempt, float]]:
+    """Each call's fixed cost, where known: what it took beyond its prompt's and its answer's
+    tokens (its time to first token less the prompt's part; not streamed: its time less the
+    answer's decode, from the server's decode time or a fit of the time against the output
+    tokens)."""
+    model = first_token_model(group)
+    plain = [a for a in run if a.time_to_first_token is None]
+    per = slope([(float(a.output_tokens or 0), a.duration) for a in plain])
+    per = max(per, 0.0) if per is not None else decode_baseline(group)
+    costs = []
+    for a in run:
+        if a.time_to_first_token is not None:
+            prompt = model.prompt_part(a) if model is not None else 0.0
+            costs.append((a, max(a.time_to_first_token - prompt, 0.0)))
+        elif a.server_decode is not None:
+            costs.append((a, max(a.duration - a.server_decode, 0.0)))
+        elif per is not None:
+            costs.append((a, max(a.duration - per * (a.output_tokens or 0), 0.0)))
+    return costs
+
+
+def small_prompts_one_by_one(calls: Sequence[Call]) -> Finding | None:
+    """Many small prompts sent one after another: each request pays its fixed cost (the
+    network, the provider's own start) for a few tokens; merged, they pay it once."""
+    attempts = answered(calls)
+    runs: list[list[Attempt]] = []
+    costs: list[float] = []
+    saved: list[float] = []
+    for group in by_endpoint(attempts).values():
+        for run in _runs(group):
+            found = _fixed_costs(run, group)
+            distinct = len({a.input_tokens for a in run}) > 1  # one request repeated: a probe
+            fixed = sum(cost for _, cost in found) >= BATCH_MIN_FIXED_SHARE * total(run)
+            if len(found) >= BATCH_MIN_REQUESTS and distinct and fixed:
+                runs.append(run)
+                costs += [cost for _, cost in found]
+                # The pool's queue, the connection's set-up and the loop's stall are their own
+                # findings' seconds, which their fixes remove without merging.
+                saved += [max(cost - this_side(a), 0.0) for a, cost in found]
+    if not runs:
+        return None
+    every = [a for run in runs for a in run]
+    outputs = [float(a.output_tokens or 0) for a in every]
+    inputs = [float(a.input_tokens or 0) for a in every]
+    per_request = max(1, int(LONG_ANSWER_MIN_TOKENS // max(percentile(outputs, 95), 1.0)))
+    per_request = min(per_request, max(len(run) for run in runs))
+    if per_request < 2:
+        return None
+    merged = sum(math.ceil(len(run) / per_request) for run in runs)
+    budget = math.ceil(per_request * max(outputs))
+    return Finding(
+        rule="small-prompts-one-by-one",
+        cause=f"{len(every)} small prompts went one after another, each waiting for the last: "
+        f"{p50(inputs):.0f} input and {p50(outputs):.0f} output tokens at p50, and "
+        f"{duration(p50(costs))} of each request's {duration(p50([a.duration for a in every]))} "
+        "was the request's own fixed cost, not its tokens",
+        evidence=token_evidence("fixed cost per request", costs, attempts),
+        fix=f"unless each needs the answer before it (an agent's steps), merge them, "
+        f"{per_request} prompts a request (numbered items, one answer each, e.g. a JSON list): "
+        f"{merged} request{'' if merged == 1 else 's'} of about "
+        f"{per_request * p50(inputs):.0f} input and {per_request * p50(outputs):.0f} output "
+        f"tokens instead of {len(every)}; set max_tokens to at least {budget} so no answer is "
+        f"cut off (fewer than {LONG_ANSWER_MIN_TOKENS} output tokens a request keeps each "
+        "answer short); or, when each must be a request of its own, send them concurrently "
+        "(asyncio.gather, a thread pool) within the rate limits; work that can wait hours: "
+        "the provider's batch API"
+        + (
+            "; the saving leaves out the connections' set-up, the pool's queue and the loop's "
+            "stall, which their own findings count"
+            if sum(saved) < 0.95 * sum(costs)
+            else ""
+        ),
+        saving=Saving(p50(saved), percentile(saved, 95), len(every) - merged),
+    )
