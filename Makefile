@@ -81,9 +81,9 @@ test: lint docs dist $(PROMETHEUS3)
 # builds the Collector, Jaeger, Prometheus and Alertmanager from their Go modules at the
 # versions docker-compose.yaml pins, Helm, a kube-apiserver (deploy/build/kube-apiserver/) and
 # OpenSearch from Maven Central's jars, into BUNDLE_BUILDS (a build per version: cold, with empty
-# Go and Maven caches, 26 minutes on 2 cores beside the unit suites in CI; then seconds). Needs Go, Java 17 with Maven, Debian's etcd-server, and root
-# (or user namespaces): each service runs in a mount namespace of its own with the compose
-# service names in its /etc/hosts.
+# Go and Maven caches, 26 minutes on 2 cores beside the unit suites in CI; then seconds). Needs
+# Go, Java 17 with Maven, Debian's etcd-server, and root (or user namespaces): each service runs
+# in a mount namespace of its own with the compose service names in its /etc/hosts.
 BUNDLE_BUILDS ?= .tools/bundle
 # The e2e modules wait on the bundle (alert windows, a 20 s outage, restarts, tail-sampling
 # decisions) far more than they compute, so they run as three groups side by side, each with a

@@ -116,8 +116,8 @@ def long_answer(calls: Sequence[Call]) -> Finding | None:
     # The answers that came slowly: their time beyond the endpoint's usual pace is
     # slow-generation's; a shorter answer saves its tokens at the usual pace.
     slow = generated_slowly(attempts)
-    usual = {id(a): pace for a, _, pace, _ in slow[0]} if slow else {}
-    halved = [output / 2 * min(r, usual.get(id(a), r)) for a, output, r, _ in chosen]
+    usual = {id(a): endpoint_rate for a, _, endpoint_rate, _ in slow[0]} if slow else {}
+    halved = [output / 2 * usual.get(id(a), r) for a, output, r, _ in chosen]
     fix = (
         "ask for a shorter answer (say so in the prompt: a length, a terser format) and cap it "
         "with max_tokens (OpenAI's chat API: max_completion_tokens; its Responses API: "
