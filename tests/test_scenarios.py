@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from llm_latency.diagnosis.claims import over_claimed
 from tests.cpu_waits import collector_pauses, machine_waits
 from tests.scenarios.catalog import Outcome, Scenario, judge, play, verdict, with_lag
 from tests.scenarios.labelled import SCENARIOS
@@ -46,6 +47,7 @@ def test_the_cause_is_ranked_first(scenario: Scenario) -> None:
     )
     assert outcome.first == scenario.first, outcome.found
     assert ok and not missed
+    assert over_claimed(outcome.findings) == []  # two findings never claim the same seconds
     if scenario.fix_mentions is not None:
         assert scenario.fix_mentions in outcome.findings[0].fix, outcome.findings[0].fix
         assert "aiohttp" not in outcome.findings[0].fix or "aiohttp" in scenario.name

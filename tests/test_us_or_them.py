@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -24,14 +25,18 @@ from llm_latency import diagnose
 from llm_latency.cli.monitor import probe_once
 from llm_latency.cli.monitor_config import INFERENCE, parse_config
 from llm_latency.cli.monitor_export import Telemetry, probe_telemetry
-from llm_latency.diagnosis import Call, as_calls
+from llm_latency.diagnosis import Call, as_calls, claims
+from llm_latency.diagnosis.claims import over_claimed
 from llm_latency.diagnosis.us_or_them import SAME_TIME, is_probe
 from llm_latency.testing import Profile, running
+from tests.scenarios.peers import in_thread
 
 PROGRAM_BODY = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
 TEN_MINUTES_NS = 600 * 10**9
 #: What the test adds to the server's time to first byte when it makes the provider slow (s).
 SLOW_TTFB = 0.6
+#: How long the program blocks its own loop while its call waits (s).
+BLOCK = 0.3
 
 
 @pytest.fixture
@@ -100,9 +105,14 @@ async def test_the_program_slow_and_the_probe_fast_gives_the_program(
     assert probe_p50 < program_p50 / 2
     assert "waiting for a pooled connection" in found.cause
     assert queue_p50 >= 0.1
-    assert found.saving is not None and found.saving.p50 >= 0.1
-    # the program's own queue is found by the usual rule too, on the program's calls only
-    assert "pool-queue" in [f.rule for f in findings]
+    # the program's own queue is found by the usual rule too, on the program's calls only, and
+    # its seconds are pool-queue's to save: the comparison names who, and claims none of them
+    # (before, both saved the queue)
+    (pool,) = [f for f in findings if f.rule == "pool-queue"]
+    assert pool.saving is not None and pool.saving.p50 >= 0.1
+    assert found.saving is None and not found.claims
+    assert "no more is left to save here" in found.fix
+    assert over_claimed(findings) == []
 
 
 async def test_both_slow_gives_the_provider_or_the_path(
@@ -130,6 +140,34 @@ async def test_both_slow_gives_the_provider_or_the_path(
     assert found.saving is None
     # the probe's fresh connections are not taken for the program's
     assert "new-connections" not in [f.rule for f in findings]
+
+
+async def test_what_no_other_finding_claims_is_the_comparison_s_to_save(
+    exported: tuple[Telemetry, InMemorySpanExporter],
+) -> None:
+    """One call whose loop the program blocked for 0.3 s while it waited for the answer: too
+    few requests for event-loop-lag (it needs two), so the stall is no other finding's, and the
+    comparison saves it: the program's path beyond the probe's, claimed in the loop's stall."""
+    telemetry, exporter = exported
+    # the server on a loop of its own: the program's stall does not hold it
+    with in_thread(lambda: running(Profile(ttfb=0.1, tokens=2, tokens_per_second=200))) as server:
+        await _probe(telemetry, server.url("/v1"), 2)
+
+        async def block() -> None:
+            await asyncio.sleep(0.02)  # the request is on its way
+            time.sleep(BLOCK)  # noqa: ASYNC251 - the program's own stall under test
+
+        await asyncio.gather(_program(server.url(), calls=1, limit=1), block())
+        await _probe(telemetry, server.url("/v1"), 1)
+    findings = diagnose(exporter.get_finished_spans())
+    assert "event-loop-lag" not in [f.rule for f in findings]
+    (found,) = [f for f in findings if f.rule == "us-or-them"]
+    assert found.cause.startswith("the program is slow, not 127.0.0.1")
+    assert found.saving is not None and found.saving.p50 >= BLOCK / 2
+    stall = sum(c.seconds for c in found.claims if c.part in (claims.STALL, claims.CPU))
+    assert stall >= BLOCK / 2  # the stall is in the loop's hold, whoever's it was
+    assert sum(c.seconds for c in found.claims) == pytest.approx(found.saving.p50)
+    assert over_claimed(findings) == []
 
 
 async def test_no_probe_no_comparison(exported: tuple[Telemetry, InMemorySpanExporter]) -> None:

@@ -88,7 +88,7 @@ def diagnose(calls: Iterable[Any]) -> list[Finding]:
         return []
     findings = [finding for rule in RULES if (finding := rule(own)) is not None]
     findings = without_superseded([finding for finding in findings if finding.evidence.enough])
-    findings += us_or_them(records)
+    findings += us_or_them(records, findings)
     spread = concurrency(own) if is_batch(own) else 1.0
     findings.sort(key=lambda finding: rank(finding, spread))
     return findings

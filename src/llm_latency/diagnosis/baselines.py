@@ -81,8 +81,9 @@ def uncached(attempt: Attempt) -> int | None:
 
 def first_token(attempt: Attempt) -> float | None:
     """The time to first token less what this side added before the provider could answer: the
-    wait for a pooled connection, the connection's set-up, and the program's own loop stall
-    while sending and waiting (s); None when not streamed."""
+    wait for a pooled connection, the connection's set-up, and the loop's hold (the program's
+    own stall, the machine's wait for a CPU) while sending and waiting (s); None when not
+    streamed."""
     if attempt.time_to_first_token is None:
         return None
     return max(attempt.time_to_first_token - this_side(attempt), 0.0)
@@ -90,22 +91,22 @@ def first_token(attempt: Attempt) -> float | None:
 
 def this_side(attempt: Attempt) -> float:
     """What this side added to the attempt before the provider could answer (s): the wait for
-    a pooled connection, the connection's set-up, and the program's own loop stall while
-    sending and waiting; the seconds ``pool-queue``, the connection rules and
-    ``event-loop-lag`` count."""
+    a pooled connection, the connection's set-up, and the loop's hold while sending and
+    waiting (:attr:`~llm_latency.diagnosis.model.Phase.held`); the seconds ``pool-queue``, the
+    connection rules, ``event-loop-lag`` and ``short-of-cpu`` count."""
     own = sum(p.duration for p in attempt.phases if p.name == "queue" or p.name in SETUP_PHASES)
-    return own + sum(p.lag or 0.0 for p in attempt.phases if p.name in ("send", "wait"))
+    return own + sum(p.held for p in attempt.phases if p.name in ("send", "wait"))
 
 
 def per_token(attempt: Attempt) -> tuple[float, bool] | None:
     """Seconds per output token, and whether that is only an upper bound: measured on the
-    stream (the program's own loop stall while reading it and the stream's pause beyond its
-    mean gap, :func:`stream_pause`, taken off), else the server's own decode time over the
-    tokens, else (an answer not streamed) the server's whole time over them, which includes
-    the prompt's. None when not known."""
+    stream (the loop's hold while reading it, the program's stall and the machine's wait for a
+    CPU, and the stream's pause beyond its mean gap, :func:`stream_pause`, taken off), else the
+    server's own decode time over the tokens, else (an answer not streamed) the server's whole
+    time over them, which includes the prompt's. None when not known."""
     output = attempt.output_tokens
     if attempt.time_per_output_token is not None:
-        stall = sum(p.lag or 0.0 for p in attempt.phases if p.name == "receive")
+        stall = sum(p.held for p in attempt.phases if p.name == "receive")
         pause = stream_pause(attempt)  # stream-stall's seconds, no pace of the provider's
         if pause is not None:
             stall += pause[0] - pause[1]

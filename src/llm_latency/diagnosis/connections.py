@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from llm_latency.diagnosis import claims
 from llm_latency.diagnosis.advice import (
     closing_setting,
     keep_alive_fix,
@@ -110,6 +111,7 @@ def new_connections(calls: Sequence[Call]) -> Finding | None:
         fix=fix,
         saving=saving or Saving(evidence.p50, evidence.p95, len(excess)),
         change=change,
+        claims=claims.per_attempt(claims.SETUP, [(a, a.connection_setup) for a in excess]),
     )
 
 
@@ -134,7 +136,8 @@ def slow_connect(calls: Sequence[Call]) -> Finding | None:
         needed=MIN_REQUESTS,
     )
     claimed = {id(a) for a in claimed_by_reuse(attempts)}
-    kept = [_handshake(a) for a in connected if id(a) not in claimed]
+    own = [(a, _handshake(a)) for a in connected if id(a) not in claimed]
+    kept = [seconds for _, seconds in own]
     cause = (
         f"the TCP and TLS handshakes took {duration(evidence.p50)} at p50: the server is far "
         "away or its edge is slow"
@@ -156,4 +159,5 @@ def slow_connect(calls: Sequence[Call]) -> Finding | None:
             f"flight at once): {nearer}"
         )
     saving = Saving(percentile(kept, 50), percentile(kept, 95), len(kept)) if kept else None
-    return Finding("slow-connect", cause, evidence, fix, saving)
+    taken = claims.per_attempt(claims.SETUP, own) if saving is not None else ()
+    return Finding("slow-connect", cause, evidence, fix, saving, claims=taken)

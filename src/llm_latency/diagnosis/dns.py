@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from llm_latency import semconv
+from llm_latency.diagnosis import claims
 from llm_latency.diagnosis.advice import client_of, dns_cache_fix
 from llm_latency.diagnosis.connections import claimed_by_reuse, removed_per_call
 from llm_latency.diagnosis.findings import Evidence, Finding, duration, percentile
@@ -120,7 +121,9 @@ def slow_dns(calls: Sequence[Call]) -> Finding | None:
             f"{_NAMES.get(client_of(attempts) or '', 'the client')} keeps no DNS cache of its own "
             f"({after})"
         )
-    return Finding("slow-dns", f"{cause}: {kinds}", evidence, fix, saving, change)
+    taken = claims.per_attempt(claims.SETUP, [(e.attempt, e.time) for e in repeated])
+    taken = taken if saving is not None else ()
+    return Finding("slow-dns", f"{cause}: {kinds}", evidence, fix, saving, change, taken)
 
 
 def _kinds(every: Sequence[Lookup], claimed: set[int]) -> str:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
+
+from llm_latency.diagnosis.model import Attempt, Backoff
 
 NBSP = "\u00a0"
 
@@ -226,11 +228,23 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """``seconds`` of part ``part`` of ``of`` (an attempt or a backoff) that a finding's saving
+    counts (the parts: :mod:`~llm_latency.diagnosis.claims`)."""
+
+    of: Attempt | Backoff = field(compare=False)
+    part: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Finding:
     """One diagnosis: ``rule`` (a stable id), the ``cause`` in a sentence, the ``evidence``,
     the ``fix`` in words, its ``saving`` (None when no client-side change can shorten the time)
     and ``change``: the fix as a :class:`Fix` a program can apply by rote, when it is one (None:
-    the fix is the provider's, the network's, or a choice of the program's)."""
+    the fix is the provider's, the network's, or a choice of the program's); ``claims``: which
+    seconds of which attempts the saving counts (:mod:`~llm_latency.diagnosis.claims`; not
+    part of the finding's value or of its JSON)."""
 
     rule: str
     cause: str
@@ -238,10 +252,12 @@ class Finding:
     fix: str
     saving: Saving | None
     change: Fix | None = None
+    claims: tuple[Claim, ...] = field(default=(), compare=False, repr=False)
 
     def as_json(self) -> dict[str, Any]:
         """The finding as JSON-ready data (seconds as numbers)."""
-        data = asdict(self)
+        data = asdict(replace(self, claims=()))
+        del data["claims"]
         if self.saving is not None:
             data["saving"]["total"] = self.saving.total
         data["change"] = None if self.change is None else self.change.as_json()

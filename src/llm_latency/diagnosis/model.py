@@ -48,18 +48,25 @@ SETUP_PHASES = ("dns", "proxy", "connect", "tls")
 class Phase:
     """One phase of an attempt: offset from the attempt's start and duration, in seconds;
     ``lag``: how much of it was the program's own event-loop stall (None when not measured:
-    sync clients, or spans from before the measurement existed)."""
+    sync clients, or spans from before the measurement existed); ``descheduled``: how much
+    the machine held the loop's thread off a CPU (None when not measured or none)."""
 
     name: str
     start: float
     duration: float
     lag: float | None = None
+    descheduled: float | None = None
 
     @property
     def net(self) -> float:
-        """The phase's duration without the program's own stall: what the network, the peer
-        or the pool took (s)."""
-        return max(self.duration - (self.lag or 0.0), 0.0)
+        """The phase's duration without the program's own stall and the machine's wait for a
+        CPU: what the network, the peer or the pool took (s)."""
+        return max(self.duration - (self.lag or 0.0) - (self.descheduled or 0.0), 0.0)
+
+    @property
+    def held(self) -> float:
+        """What this side's loop held the phase (s): its stall and its wait for a CPU."""
+        return (self.lag or 0.0) + (self.descheduled or 0.0)
 
 
 @dataclass
@@ -127,8 +134,8 @@ class Attempt:
         return None
 
     def net(self, name: str) -> float | None:
-        """Phase ``name``'s duration without the program's own loop stall (s), or None when
-        it did not happen: what a network rule may look at."""
+        """Phase ``name``'s duration without the program's own loop stall and the machine's
+        wait for a CPU (s), or None when it did not happen: what a network rule may look at."""
         for each in self.phases:
             if each.name == name:
                 return each.net
@@ -136,8 +143,8 @@ class Attempt:
 
     @property
     def connection_setup(self) -> float:
-        """DNS + proxy + TCP + TLS (s), the program's own stall taken off: what a pooled
-        connection would have saved."""
+        """DNS + proxy + TCP + TLS (s), the program's own stall and the machine's wait taken
+        off: what a pooled connection would have saved."""
         return sum(p.net for p in self.phases if p.name in SETUP_PHASES)
 
     @property

@@ -5,10 +5,12 @@ tokens; merged, they pay it once.
 A run is at least :data:`BATCH_MIN_REQUESTS` calls to one endpoint, each small and each soon
 after the last one ended. Each call's fixed cost is what it took beyond its tokens, read with
 the endpoint's own baselines (:mod:`~llm_latency.diagnosis.baselines`). The saving counts only
-what merging alone removes: the wait for a pooled connection, the connection's set-up and the
-program's own loop stall are the seconds of ``pool-queue``, the connection rules and
-``event-loop-lag``, whose fixes remove them without merging (two findings never claim the same
-seconds).
+the provider's own start, what merging alone removes: the wait for a pooled connection, the
+connection's set-up and the loop's hold are the seconds of ``pool-queue``, the connection rules,
+``event-loop-lag`` and ``short-of-cpu``, whose fixes remove them without merging; the network's
+overhead is ``network-overhead``'s (merging removes round trips, a nearer region shortens each:
+one finding counts them), and a queue at the provider ``provider-queue``'s, which a merged request
+waits in too (two findings never claim the same seconds: :mod:`~llm_latency.diagnosis.claims`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
+from llm_latency.diagnosis import claims
 from llm_latency.diagnosis.baselines import (
+    FirstTokenModel,
     by_endpoint,
     decode_baseline,
     first_token_model,
@@ -71,15 +75,22 @@ def _runs(group: Sequence[Attempt]) -> list[list[Attempt]]:
     return [run for run in runs if len(run) >= BATCH_MIN_REQUESTS]
 
 
-def _fixed_costs(run: Sequence[Attempt], group: Sequence[Attempt]) -> list[tuple[Attempt, float]]:
+def _fixed_costs(
+    run: Sequence[Attempt], group: Sequence[Attempt], model: FirstTokenModel | None
+) -> list[tuple[Attempt, float]]:
     """Each call's fixed cost, where known: what it took beyond its prompt's and its answer's
-    tokens (its time to first token less the prompt's part; not streamed: its time less the
-    answer's decode, from the server's decode time or a fit of the time against the output
-    tokens)."""
-    model = first_token_model(group)
+    tokens (its time to first token less the prompt's part, by the endpoint's ``model``; not
+    streamed: its time less the answer's decode, from the server's decode time, else at the
+    larger of a fit of the time against the output tokens and the endpoint's usual pace: the
+    decode is never less than not-streamed counts)."""
     plain = [a for a in run if a.time_to_first_token is None]
-    per = slope([(float(a.output_tokens or 0), a.duration) for a in plain])
-    per = max(per, 0.0) if per is not None else decode_baseline(group)
+    paces = [
+        pace
+        for pace in (slope([(float(a.output_tokens or 0), a.duration) for a in plain]),
+                     decode_baseline(group))
+        if pace is not None
+    ]  # fmt: skip
+    per = max(max(paces), 0.0) if paces else None
     costs = []
     for a in run:
         if a.time_to_first_token is not None:
@@ -92,6 +103,23 @@ def _fixed_costs(run: Sequence[Attempt], group: Sequence[Attempt]) -> list[tuple
     return costs
 
 
+def _merge_saves(attempt: Attempt, cost: float, model: FirstTokenModel | None) -> float:
+    """What merging saves of ``attempt``'s fixed ``cost`` (s): not this side's queue, set-up
+    and loop hold, nor the network's overhead, nor the provider's queue (reported, or beyond
+    the endpoint's usual first token for a streamed answer): their own findings' seconds,
+    which a merged request would pay or not all the same."""
+    saves = cost - this_side(attempt) - (attempt.server_queue or 0.0)
+    if attempt.time_to_first_token is not None and model is not None:
+        saves = min(saves, max(model.base, 0.0))
+    return max(saves - (attempt.network_overhead or 0.0), 0.0)
+
+
+def _merged_away(runs: Sequence[Sequence[Attempt]], per_request: int) -> list[Attempt]:
+    """The requests a merge of ``per_request`` prompts a request removes: in each run, all
+    but the first of each ``per_request`` in a row."""
+    return [a for run in runs for i, a in enumerate(run) if i % per_request]
+
+
 def small_prompts_one_by_one(calls: Sequence[Call]) -> Finding | None:
     """Many small prompts sent one after another: each request pays its fixed cost (the
     network, the provider's own start) for a few tokens; merged, they pay it once."""
@@ -99,17 +127,19 @@ def small_prompts_one_by_one(calls: Sequence[Call]) -> Finding | None:
     runs: list[list[Attempt]] = []
     costs: list[float] = []
     saved: list[float] = []
+    saves: dict[int, float] = {}
     for group in by_endpoint(attempts).values():
+        model = first_token_model(group)
         for run in _runs(group):
-            found = _fixed_costs(run, group)
+            found = _fixed_costs(run, group, model)
             distinct = len({a.input_tokens for a in run}) > 1  # one request repeated: a probe
             fixed = sum(cost for _, cost in found) >= BATCH_MIN_FIXED_SHARE * total(run)
             if len(found) >= BATCH_MIN_REQUESTS and distinct and fixed:
                 runs.append(run)
                 costs += [cost for _, cost in found]
-                # The pool's queue, the connection's set-up and the loop's stall are their own
-                # findings' seconds, which their fixes remove without merging.
-                saved += [max(cost - this_side(a), 0.0) for a, cost in found]
+                for a, cost in found:
+                    saves[id(a)] = _merge_saves(a, cost, model)
+                    saved.append(saves[id(a)])
     if not runs:
         return None
     every = [a for run in runs for a in run]
@@ -139,11 +169,17 @@ def small_prompts_one_by_one(calls: Sequence[Call]) -> Finding | None:
         "(asyncio.gather, a thread pool) within the rate limits; work that can wait hours: "
         "the provider's batch API"
         + (
-            f"; the saving leaves out the connections' set-up, the pool's queue and the loop's "
-            f"stall ({duration(left_out)} a request at p50): pool-queue's, the connection "
-            "rules' and event-loop-lag's to name, whose fixes remove them without merging"
+            f"; the saving leaves out the connections' set-up, the pool's queue, the loop's "
+            f"hold, the network's overhead and the provider's queue ({duration(left_out)} a "
+            "request at p50): the seconds of pool-queue, the connection rules, "
+            "event-loop-lag, short-of-cpu, network-overhead and provider-queue, counted once, "
+            "by them"
             if left_out >= LEFT_OUT_SAID
             else ""
         ),
         saving=Saving(p50(saved), percentile(saved, 95), len(every) - merged),
+        claims=claims.per_attempt(
+            claims.FIRST,
+            [(a, saves[id(a)]) for a in _merged_away(runs, per_request) if id(a) in saves],
+        ),
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from llm_latency import semconv
+from llm_latency.diagnosis import claims
 from llm_latency.diagnosis.advice import pool_fix, pool_text
 from llm_latency.diagnosis.connections import NEW_CONNECTION_MIN_SETUP
 from llm_latency.diagnosis.findings import Evidence, Finding, duration, percentile
@@ -102,6 +103,7 @@ def pool_queue(calls: Sequence[Call]) -> Finding | None:
     origin = min(a.start_ns for a in attempts)
     before: list[float] = []
     after: list[float] = []
+    gained: list[tuple[Attempt, float]] = []
     ends = [0.0, 0.0]
     added = 0
     setups: list[float] = []
@@ -111,8 +113,13 @@ def pool_queue(calls: Sequence[Call]) -> Finding | None:
         setup = percentile(opened, 50) if opened else 0.0
         old = replay(same, in_use[host], setup, origin)
         new = replay(same, max(wanted[host], in_use[host]), setup, origin)
-        before += old.times
-        after += new.times
+        for attempt, was, is_now in zip(same, old.times, new.times, strict=True):
+            # A larger pool shortens a request by its wait in the queue at most; the loop's
+            # hold in that wait is event-loop-lag's and short-of-cpu's.
+            gain = min(max(was - is_now, 0.0), attempt.net("queue") or 0.0)
+            before.append(was)
+            after.append(was - gain)
+            gained.append((attempt, gain))
         ends = [max(ends[0], old.end), max(ends[1], new.end)]
         added += max(wanted[host] - in_use[host], 0)
         setups += [setup] * max(wanted[host] - in_use[host], 0)
@@ -136,6 +143,7 @@ def pool_queue(calls: Sequence[Call]) -> Finding | None:
         fix=fix,
         saving=saving,
         change=change,
+        claims=claims.per_attempt(claims.QUEUE, gained),
     )
 
 

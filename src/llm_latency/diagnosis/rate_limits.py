@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from llm_latency.diagnosis import claims
 from llm_latency.diagnosis.advice import retry_fix
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
 from llm_latency.diagnosis.measured import attempts as all_attempts
@@ -93,6 +94,13 @@ def rate_limits(calls: Sequence[Call]) -> Finding | None:
         evidence=evidence,
         fix=_RATE_LIMIT_FIX,
         saving=Saving(evidence.p50, evidence.p95, len(lost)),
+        claims=claims.per_attempt(
+            claims.FAILED,
+            [(a, a.duration) for call in affected for a in call.attempts if not a.succeeded],
+        )
+        + claims.per_attempt(
+            claims.BACKOFF, [(b, b.duration) for call in affected for b in call.backoffs]
+        ),
     )
 
 
@@ -131,4 +139,7 @@ def _waits_too_long(
         "(a token bucket under the provider's x-ratelimit-limit-requests)",
         saving=seen_saving(calls, beyond),
         change=change,
+        claims=claims.per_attempt(
+            claims.BACKOFF, [(b, overwait(b)) for call in calls for b in call.backoffs]
+        ),
     )

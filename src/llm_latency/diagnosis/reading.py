@@ -96,6 +96,7 @@ def to_attempt(span: SpanRecord, children: Sequence[SpanRecord]) -> Attempt:
                     (child.start_ns - span.start_ns) / 1e9,
                     (child.end_ns - child.start_ns) / 1e9,
                     _float(child.attributes.get(semconv.EVENT_LOOP_LAG)),
+                    _float(child.attributes.get(semconv.EVENT_LOOP_DESCHEDULED)),
                 )
             )
     phases.sort(key=lambda p: PHASE_NAMES.index(p.name))

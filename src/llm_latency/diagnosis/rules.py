@@ -15,8 +15,16 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from llm_latency import semconv
-from llm_latency.diagnosis import failures, one_by_one, tokens
-from llm_latency.diagnosis.baselines import STALL_MIN_GAP, STALL_MIN_RATIO, stream_pause
+from llm_latency.diagnosis import claims, failures, one_by_one, tokens
+from llm_latency.diagnosis.baselines import (
+    STALL_MIN_GAP,
+    STALL_MIN_RATIO,
+    by_endpoint,
+    decode_baseline,
+    endpoint,
+    stream_pause,
+    this_side,
+)
 from llm_latency.diagnosis.connections import (
     NEW_CONNECTION_MIN_SETUP,
     NEW_CONNECTION_MIN_SHARE,
@@ -143,6 +151,7 @@ def network_overhead(calls: Sequence[Call]) -> Finding | None:
         fix="use a region or edge nearer this program; compare endpoints side by side with "
         "`llm-latency probe URL1 URL2`",
         saving=Saving(evidence.p50, evidence.p95, len(attempts)),
+        claims=claims.per_attempt(claims.OVERHEAD, zip(attempts, overheads, strict=True)),
     )
 
 
@@ -157,18 +166,15 @@ def not_streamed(calls: Sequence[Call]) -> Finding | None:
     evidence = _evidence(
         semconv.PHASE_SPAN_NAMES[WAIT], waits, sum(waits) / _total(_attempts(calls)), len(attempts)
     )
-    streams = [
-        a.time_to_first_chunk
-        for a in _attempts(calls)
-        if a.time_to_first_chunk is not None and a.succeeded
-    ]
+    streamed = [a for a in _attempts(calls) if a.time_to_first_chunk is not None and a.succeeded]
     saving = None
+    ahead: list[tuple[Attempt, float]] = []
     how = "measure the first chunk with `llm-latency probe --stream`"
-    if streams:
-        first = percentile(streams, 50)
-        totals = [a.duration for a in attempts]
-        ahead = [max(total - first, 0.0) for total in totals]
-        saving = Saving(percentile(ahead, 50), percentile(ahead, 95), len(attempts))
+    if streamed:
+        first = percentile([a.time_to_first_chunk or 0.0 for a in streamed], 50)
+        ahead = _shown_sooner(attempts, streamed, _attempts(calls))
+        shown = [seconds for _, seconds in ahead]
+        saving = Saving(percentile(shown, 50), percentile(shown, 95), len(attempts))
         how = f"streamed requests here had their first chunk after {duration(first)} at p50"
     return Finding(
         rule="not-streamed",
@@ -177,7 +183,41 @@ def not_streamed(calls: Sequence[Call]) -> Finding | None:
         evidence=evidence,
         fix=f"stream the response (stream=True) to show the first tokens early; {how}",
         saving=saving,
+        claims=claims.per_attempt(claims.ANSWER, ahead),
     )
+
+
+def _shown_sooner(
+    whole: Sequence[Attempt], streamed: Sequence[Attempt], every: Sequence[Attempt]
+) -> list[tuple[Attempt, float]]:
+    """How much sooner each answer read ``whole`` would show its first tokens streamed (s):
+    the provider's part of it (:data:`~llm_latency.diagnosis.claims.ANSWER`: this side's
+    queue, set-up and loop hold and the network's overhead are there streamed too) after the
+    streamed answers' first chunk (the same left out of it, at p50), or after what the
+    provider said it spent before the first token (its queue and prefill) when that is more.
+    No more than the answer's decode where it is known (the server's decode time, else its
+    tokens at the endpoint's usual pace, of ``every`` answer): a short answer's time is its
+    request's, and small-prompts-one-by-one's; less the time beyond the usual pace that
+    slow-generation claims."""
+    first = percentile(
+        [max((a.time_to_first_chunk or 0.0) - this_side(a) - (a.network_overhead or 0.0), 0.0)
+         for a in streamed],
+        50,
+    )  # fmt: skip
+    found = tokens.generated_slowly(every)
+    beyond = {id(a): excess for a, *_, excess in found[0]} if found else {}
+    paces = {key: decode_baseline(group) for key, group in by_endpoint(every).items()}
+    shown = []
+    for a in whole:
+        before = max(first, (a.server_queue or 0.0) + (a.server_prefill or 0.0))
+        ahead = claims.layout(a).get(claims.ANSWER, 0.0) - before
+        pace = paces.get(endpoint(a))
+        if a.server_decode is not None:
+            ahead = min(ahead, a.server_decode)
+        elif pace is not None and a.output_tokens:
+            ahead = min(ahead, pace * (a.output_tokens - 1))
+        shown.append((a, max(ahead - beyond.get(id(a), 0.0), 0.0)))
+    return shown
 
 
 def stream_stall(calls: Sequence[Call]) -> Finding | None:
@@ -189,11 +229,13 @@ def stream_stall(calls: Sequence[Call]) -> Finding | None:
     attempts = _attempts(calls)
     stalls: list[float] = []
     usual: list[float] = []
+    paused: list[Attempt] = []
     for attempt in attempts:
         pause = stream_pause(attempt)
         if pause is not None:
             stalls.append(pause[0])
             usual.append(pause[1])
+            paused.append(attempt)
     if not stalls:
         return None
     evidence = Evidence.of("stream.max_gap", stalls, sum(stalls) / _total(attempts), len(attempts))
@@ -207,6 +249,7 @@ def stream_stall(calls: Sequence[Call]) -> Finding | None:
         "accept and retry the call on it, or try another region or model; check the event-loop "
         "lag on the same requests, which would make it this program's pause",
         saving=Saving(percentile(lost, 50), percentile(lost, 95), len(stalls)),
+        claims=claims.per_attempt(claims.DECODE, zip(paused, lost, strict=True)),
     )
 
 
@@ -280,6 +323,7 @@ def event_loop_lag(calls: Sequence[Call]) -> Finding | None:
         fix="move CPU-bound work off the event loop (asyncio.to_thread, a process pool), and "
         "keep each step between two awaits short",
         saving=Saving(evidence.p50, evidence.p95, len(attempts)),
+        claims=claims.per_attempt(claims.STALL, zip(attempts, lags, strict=True)),
     )
 
 
@@ -289,7 +333,7 @@ def short_of_cpu(calls: Sequence[Call]) -> Finding | None:
     which is neither the program's code nor the provider's. The same bounds as
     :func:`event_loop_lag`."""
     attempts = [a for a in _attempts(calls) if a.event_loop_lag is not None]
-    waits = [a.descheduled or 0.0 for a in attempts]
+    waits = [claims.cpu_wait(a) for a in attempts]
     evidence = _held_back("waiting for a CPU", attempts, waits)
     if evidence is None:
         return None
@@ -302,6 +346,7 @@ def short_of_cpu(calls: Sequence[Call]) -> Finding | None:
         fix="give the process more CPU: a higher CPU request and limit (Kubernetes), fewer "
         "processes per core, or a less busy machine",
         saving=Saving(evidence.p50, evidence.p95, len(attempts)),
+        claims=claims.per_attempt(claims.CPU, zip(attempts, waits, strict=True)),
     )
 
 

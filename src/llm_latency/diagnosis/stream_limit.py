@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from llm_latency import semconv
+from llm_latency.diagnosis import claims
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving
 from llm_latency.diagnosis.records import Attempt, Call
 from llm_latency.timeline import QUEUE
@@ -60,16 +61,20 @@ def _streams_at_once(attempts: Sequence[Attempt]) -> int:
     return peak
 
 
-def _stream_waits(same_host: Sequence[Attempt]) -> list[float]:
-    """The queue times of the HTTP/2 requests that waited until another request ended, less
-    the program's own loop stall in them: one ended during the wait, or by the time it was
-    over (the attempt's end is taken once its stream is given back, so the waiting request
-    may start first), within ``STREAM_RELEASE_SLACK`` of the wait."""
+def _stream_waits(same_host: Sequence[Attempt]) -> list[tuple[Attempt, float]]:
+    """The HTTP/2 requests that succeeded after waiting until another request (any, failed
+    ones too) ended, and their queue times less the loop's hold in them: one ended during the
+    wait, or by the time it was over (the attempt's end is taken once its stream is given
+    back, so the waiting request may start first), within ``STREAM_RELEASE_SLACK`` of the
+    wait. A failed attempt's time is the failure rules' and rate-limits'."""
     ends = sorted(_end(a) for a in same_host)
     waits = []
     for attempt in same_host:
+        if not attempt.succeeded:
+            continue
         queue = attempt.phase("queue") or 0.0
-        # the program's own stall in the queue is event-loop-lag's (as for pool-queue)
+        # the loop's hold in the queue is event-loop-lag's and short-of-cpu's (as for
+        # pool-queue)
         waited = attempt.net("queue") or 0.0
         if waited < STREAM_QUEUE_MIN_WAIT:
             continue
@@ -78,7 +83,7 @@ def _stream_waits(same_host: Sequence[Attempt]) -> list[float]:
             continue
         slack = int(queue * STREAM_RELEASE_SLACK * 1e9)
         if any(start <= end <= done + slack for end in ends):
-            waits.append(waited)
+            waits.append((attempt, waited))
     return waits
 
 
@@ -89,13 +94,14 @@ def http2_stream_limit(calls: Sequence[Call]) -> Finding | None:
     for attempt in attempts:
         if attempt.protocol == "2":
             by_host.setdefault(attempt.host, []).append(attempt)
-    waits: list[float] = []
+    found: list[tuple[Attempt, float]] = []
     streams = 0
     for same_host in by_host.values():
-        found = _stream_waits(same_host)
-        if found:
-            waits += found
+        waited = _stream_waits(same_host)
+        if waited:
+            found += waited
             streams = max(streams, _streams_at_once(same_host))
+    waits = [seconds for _, seconds in found]
     share = sum(waits) / (sum(a.duration for a in attempts) or 1e-9)
     if len(waits) < 2 or share < STREAM_QUEUE_MIN_SHARE:
         return None
@@ -109,4 +115,5 @@ def http2_stream_limit(calls: Sequence[Call]) -> Finding | None:
         "concurrency (httpx http2=False, Limits(max_connections=...)), or one HTTP/2 client "
         f"per {streams} requests in flight; or send at most {streams} at once",
         saving=Saving(evidence.p50, evidence.p95, len(waits)),
+        claims=claims.per_attempt(claims.QUEUE, found),
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from llm_latency.diagnosis import claims
 from llm_latency.diagnosis.baselines import (
     BASELINE_PERCENTILE,
     by_endpoint,
@@ -138,6 +139,9 @@ def long_answer(calls: Sequence[Call]) -> Finding | None:
         evidence=token_evidence("decode (output tokens)", decode, attempts),
         fix=fix,
         saving=Saving(p50(halved), percentile(halved, 95), len(chosen)),
+        claims=claims.per_attempt(
+            claims.DECODE, [(a, h) for (a, *_), h in zip(chosen, halved, strict=True)]
+        ),
     )
 
 
@@ -177,6 +181,9 @@ def long_prompt(calls: Sequence[Call]) -> Finding | None:
     prompts = [float(uncached(a) or 0) for a, *_ in chosen]
     per_1000 = p50([part / max(p, 1.0) * 1000 for part, p in zip(parts, prompts, strict=True)])
     halved = [part / 2 for part in parts]
+    taken = claims.per_attempt(
+        claims.FIRST, [(a, h) for (a, *_), h in zip(chosen, halved, strict=True)]
+    )
     return Finding(
         rule="long-prompt",
         cause=f"{len(chosen)} prompts were long: {p50(prompts):.0f} tokens at p50 that the "
@@ -192,6 +199,7 @@ def long_prompt(calls: Sequence[Call]) -> Finding | None:
         f"the last block of the fixed part); {_cache_state([a for a, *_ in chosen])}; a "
         "prompt half as long saves half of its part",
         saving=Saving(p50(halved), percentile(halved, 95), len(chosen)),
+        claims=taken,
     )
 
 
@@ -214,7 +222,7 @@ def provider_queue(calls: Sequence[Call]) -> Finding | None:
             if a.server_queue is not None:  # the provider says it
                 if a.server_queue >= PROVIDER_QUEUE_MIN_EXCESS:
                     usual = max((first_token(a) or 0.0) - a.server_queue, 0.0)
-                    queued.append((a, a.server_queue, usual))
+                    queued.append((a, min(a.server_queue, claims.room(a, claims.FIRST)), usual))
                     reported += 1
                     hosts.add(named(key))
                 continue
@@ -228,7 +236,8 @@ def provider_queue(calls: Sequence[Call]) -> Finding | None:
             ):
                 continue
             if _normal_decode(a, usual_rate):  # else: slow-generation's, the whole answer slow
-                queued.append((a, first - usual, usual))
+                # the network's overhead in it is network-overhead's
+                queued.append((a, min(first - usual, claims.room(a, claims.FIRST)), usual))
                 hosts.add(named(key))
     excess = [e for _, e, _ in queued]
     if len(queued) < MIN_REQUESTS or sum(excess) < PROVIDER_QUEUE_MIN_SHARE * total(attempts):
@@ -256,6 +265,7 @@ def provider_queue(calls: Sequence[Call]) -> Finding | None:
         "too when it is the provider's queue (a server of one's own: more replicas, or fewer "
         "requests at once)",
         saving=Saving(p50(excess), percentile(excess, 95), len(queued)),
+        claims=claims.per_attempt(claims.FIRST, [(a, e) for a, e, _ in queued]),
     )
 
 
@@ -310,4 +320,5 @@ def slow_generation(calls: Sequence[Call]) -> Finding | None:
         "task; confirm with `llm-latency watch` on the endpoint, whose inference probes slow "
         "down too when it is the provider, and report it with the request ids if it lasts",
         saving=Saving(p50(lost), percentile(lost, 95), len(slow)),
+        claims=claims.per_attempt(claims.DECODE, [(a, e) for a, *_, e in slow]),
     )

@@ -15,9 +15,11 @@ The probe's attempts are set apart from the program's: the other rules never see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
+from llm_latency.diagnosis import claims
+from llm_latency.diagnosis.claims import Claim
 from llm_latency.diagnosis.findings import Evidence, Finding, Saving, duration, percentile
 from llm_latency.diagnosis.records import Attempt, Call
 
@@ -77,7 +79,39 @@ def _program_share(calls: Sequence[Call]) -> str:
     return "; ".join(parts) if parts else "none of pool, loop or retries was measured as slow"
 
 
-def _compare(host: str, program: Sequence[Call], probes: Sequence[Attempt]) -> Finding | None:
+#: The parts of an attempt's path to its first byte that the program's side can shorten.
+_PROGRAM_PARTS: Final = (claims.QUEUE, claims.SETUP, claims.STALL, claims.CPU, claims.OVERHEAD)
+
+
+def _unclaimed(
+    attempts: Sequence[Attempt], beyond: float, taken: Mapping[tuple[int, str], float]
+) -> tuple[list[float], tuple[Claim, ...]]:
+    """Per attempt, its own path beyond ``beyond`` (the probe's, s) that no other finding
+    claims (``taken``: seconds per attempt id and part), and the claims of it: the
+    program's parts of the path (its queue, set-up, loop hold, the network's overhead), each
+    up to what the other findings left of it."""
+    kept: list[float] = []
+    found: list[Claim] = []
+    for attempt in attempts:
+        want = max((_own_path(attempt) or 0.0) - beyond, 0.0)
+        sizes = claims.layout(attempt)
+        got = 0.0
+        for part in _PROGRAM_PARTS:
+            free = max(sizes.get(part, 0.0) - taken.get((id(attempt), part), 0.0), 0.0)
+            seconds = min(free, want - got)
+            if seconds > 0:
+                found.append(Claim(attempt, part, seconds))
+                got += seconds
+        kept.append(got)
+    return kept, tuple(found)
+
+
+def _compare(
+    host: str,
+    program: Sequence[Call],
+    probes: Sequence[Attempt],
+    taken: Mapping[tuple[int, str], float],
+) -> Finding | None:
     attempts = [a for call in program for a in call.attempts if a.first_byte is not None]
     if not attempts:
         return None
@@ -102,15 +136,31 @@ def _compare(host: str, program: Sequence[Call], probes: Sequence[Attempt]) -> F
             f"({len(now)} probes)"
         )
         if mine_path > PROGRAM_SLOWER * probe_path and mine_path - probe_path >= MIN_DIFFERENCE:
+            kept, taking = _unclaimed(attempts, probe_path, taken)
+            fix = (
+                "look at the program: its connection pool (size, reuse), its event loop "
+                "(blocking work between awaits) and its retries; the provider was answering"
+            )
+            saving = None
+            if percentile(kept, 50) >= MIN_DIFFERENCE:
+                saving = Saving(percentile(kept, 50), percentile(kept, 95), len(attempts))
+            else:
+                taking = ()
+            if percentile(kept, 50) < mine_path - probe_path:
+                fix += (
+                    "; the findings on its pool, connections and loop count the seconds they "
+                    "name, and their fixes save them"
+                    + ("" if saving is not None else ": no more is left to save here")
+                )
             return Finding(
                 rule="us-or-them",
                 cause=f"the program is slow, not {host}: its calls took {duration(mine)} to the "
                 f"first byte at p50, while {probe_text}; the program's own share: "
                 f"{_program_share(program)}",
                 evidence=evidence,
-                fix="look at the program: its connection pool (size, reuse), its event loop "
-                "(blocking work between awaits) and its retries; the provider was answering",
-                saving=Saving(mine_path - probe_path, mine_path - probe_path, len(attempts)),
+                fix=fix,
+                saving=saving,
+                claims=taking,
             )
         if (
             baseline is not None
@@ -132,8 +182,11 @@ def _compare(host: str, program: Sequence[Call], probes: Sequence[Attempt]) -> F
     return None
 
 
-def us_or_them(calls: Sequence[Call]) -> list[Finding]:
-    """One finding per host that both the program and a probe called, when one side is slow."""
+def us_or_them(calls: Sequence[Call], others: Sequence[Finding] = ()) -> list[Finding]:
+    """One finding per host that both the program and a probe called, when one side is slow;
+    ``others``: the findings on the program's calls, whose claimed seconds "the program is
+    slow" leaves to them."""
+    taken = claims.claimed(others)
     probes: dict[str, list[Attempt]] = {}
     program: dict[str, list[Call]] = {}
     for call in calls:
@@ -144,6 +197,6 @@ def us_or_them(calls: Sequence[Call]) -> list[Finding]:
             program.setdefault(call.attempts[0].host, []).append(call)
     findings = []
     for host, own in program.items():
-        if host in probes and (found := _compare(host, own, probes[host])) is not None:
+        if host in probes and (found := _compare(host, own, probes[host], taken)) is not None:
             findings.append(found)
     return findings

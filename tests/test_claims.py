@@ -1,0 +1,94 @@
+"""Two findings never claim the same seconds: every pair of rules with a saving, laid on the
+same calls (tests/claim_workloads.py), gives both findings, and their claims in each part of
+each attempt add up to no more than the part (``claims.over_claimed``)."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pytest
+
+from llm_latency import diagnose
+from llm_latency.diagnosis import Attempt, Evidence, Finding, claims
+from llm_latency.diagnosis.claims import layout, over_claimed
+from llm_latency.diagnosis.records import Phase
+from llm_latency.diagnosis.rules import RULES
+from tests.claim_workloads import CAUSES, workload
+
+#: The pairs that cannot both be found on one workload, and why.
+NEVER_TOGETHER = {
+    frozenset({"pool-queue", "http2-stream-limit"}): "a queue is a pool's (HTTP/1.1) or the "
+    "connection's stream limit's (HTTP/2), by the attempt's protocol",
+    frozenset({"pool-queue", "small-prompts-one-by-one"}): "requests waiting for a pooled "
+    "connection run at once, not one after another",
+    frozenset({"http2-stream-limit", "small-prompts-one-by-one"}): "requests waiting for a "
+    "stream run at once, not one after another",
+    frozenset({"long-answer", "small-prompts-one-by-one"}): "a small prompt's answer is short",
+    frozenset({"long-prompt", "small-prompts-one-by-one"}): "a small prompt is not long",
+    frozenset({"long-answer", "not-streamed"}): "not-streamed yields to long-answer (SUPERSEDED):"
+    " the same seconds, seen from the first byte",
+}
+
+PAIRS = [
+    pytest.param(a, b, id=f"{a}+{b}")
+    for a, b in combinations(CAUSES, 2)
+    if frozenset({a, b}) not in NEVER_TOGETHER
+]
+
+
+@pytest.mark.parametrize("cause", list(CAUSES))
+def test_each_cause_alone_gives_its_finding_and_its_claims(cause: str) -> None:
+    """The workloads are what they say: each cause alone gives its rule's finding, whose
+    saving counts the seconds it claims."""
+    findings = diagnose(workload([cause]))
+    (found,) = [f for f in findings if f.rule == cause]
+    assert found.saving is not None and found.claims
+    assert over_claimed(findings) == []
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS)
+def test_two_findings_never_claim_the_same_seconds(first: str, second: str) -> None:
+    for causes in ([first, second], [second, first]):
+        findings = diagnose(workload(causes))
+        found = {f.rule for f in findings}
+        assert {first, second} <= found, (causes, sorted(found))
+        assert over_claimed(findings) == [], causes
+
+
+def test_every_cause_that_can_be_at_once_claims_its_own_seconds() -> None:
+    """Every cause laid on the same calls but those that exclude another (one of each pair of
+    :data:`NEVER_TOGETHER`): the findings that stand out of so much slowness still claim no
+    second twice."""
+    left_out = {"http2-stream-limit", "small-prompts-one-by-one", "long-answer"}
+    causes = [cause for cause in CAUSES if cause not in left_out]
+    assert not any(pair <= set(causes) for pair in NEVER_TOGETHER)
+    findings = diagnose(workload(causes))
+    assert len([f for f in findings if f.claims]) >= 5, [f.rule for f in findings]
+    assert over_claimed(findings) == []
+
+
+def test_every_rule_with_a_saving_has_a_cause() -> None:
+    """A new rule with a saving needs a cause here, so that every pair stays held."""
+    named = {rule.__name__.replace("_", "-") for rule in RULES}
+    without_saving = {"server-time", "dns-failure", "connect-failure", "tls-failure",
+                      "timeouts", "connection-reset", "server-errors", "failed-requests"}  # fmt: skip
+    assert named - without_saving <= set(CAUSES) - {"us-or-them"}
+    assert set(CAUSES) - {"us-or-them"} <= named
+
+
+def test_a_claim_beyond_its_part_is_found() -> None:
+    """The check can fail: two findings that claim most of one 400 ms queue each."""
+    queued = Attempt(0, 0.5, (Phase("queue", 0.0, 0.4), Phase("wait", 0.4, 0.1)), status=200)
+    assert layout(queued)[claims.QUEUE] == pytest.approx(0.4)
+    evidence = Evidence.of("http.queue", [0.3], 0.6, 1)
+    made = [
+        Finding(
+            "a", "", evidence, "", None, claims=claims.per_attempt(claims.QUEUE, [(queued, 0.3)])
+        ),
+        Finding(
+            "b", "", evidence, "", None, claims=claims.per_attempt(claims.QUEUE, [(queued, 0.2)])
+        ),
+    ]
+    (said,) = over_claimed(made)
+    assert said.startswith("a + b claim 500 ms of queue (400 ms) of the attempt")
+    assert over_claimed(made[:1]) == []
