@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llm_latency.diagnosis import Attempt, Backoff, Call
 from llm_latency.diagnosis.records import Phase
@@ -64,8 +64,14 @@ class Workload:
 
 
 def _attempt(spec: Spec, start: float, queue: float) -> Attempt:
-    phases = [Phase("queue", 0.0, queue)] if queue else []
-    at = queue
+    # The loop's stall and the machine's wait: a third in the queue when there is one (the
+    # stalled loop gave the connection late), the rest in the wait and the stream.
+    queue_lag, queue_cpu = (spec.lag / 3, spec.cpu / 3) if queue else (0.0, 0.0)
+    whole = spec
+    spec = replace(spec, lag=spec.lag - queue_lag, cpu=spec.cpu - queue_cpu)
+    phases = [Phase("queue", 0.0, queue + queue_lag + queue_cpu, queue_lag, queue_cpu or None)]
+    phases = phases if queue else []
+    at = queue + queue_lag + queue_cpu
     for name in ("dns", "connect", "tls"):
         took = getattr(spec, name)
         if took:
@@ -98,14 +104,17 @@ def _attempt(spec: Spec, start: float, queue: float) -> Attempt:
                    status=200, client="aiohttp", model="m", input_tokens=spec.prompt,
                    output_tokens=spec.output, cached_tokens=0, protocol=spec.protocol,
                    reused=not spec.connect, network_overhead=spec.overhead,
-                   event_loop_lag=spec.lag, descheduled=spec.cpu,
+                   event_loop_lag=whole.lag, descheduled=whole.cpu,
                    **facts)  # type: ignore[arg-type]  # fmt: skip
 
 
-def _refusal(start: float) -> Attempt:
-    phases = (Phase("send", 0.0, 0.001), Phase("wait", 0.001, 0.05), Phase("receive", 0.051, 0.001))
-    return Attempt(int(start * 1e9), 0.052, phases, url=URL, host="h", method="POST", status=429,
-                   error="429", client="aiohttp", event_loop_lag=0.0)  # fmt: skip
+def _refusal(spec: Spec, start: float, queue: float) -> Attempt:
+    phases = [Phase("queue", 0.0, queue)] if queue else []
+    phases += [Phase("send", queue, 0.001), Phase("wait", queue + 0.001, 0.05),
+               Phase("receive", queue + 0.051, 0.001)]  # fmt: skip
+    return Attempt(int(start * 1e9), queue + 0.052, tuple(phases), url=URL, host="h",
+                   method="POST", status=429, error="429", client="aiohttp",
+                   protocol=spec.protocol, event_loop_lag=0.0)  # fmt: skip
 
 
 #: A refused attempt's wait before its retry (s).
@@ -113,14 +122,17 @@ BACKOFF = 0.5
 
 
 def _call(spec: Spec, start: float, queue: float = 0.0) -> Call:
+    """The call: its attempt after ``queue`` (s) for a connection; when refused, the refusal
+    waits for it, and the retry after the backoff gets one at once."""
     attempts, backoffs = [], []
     at = start
     if spec.refused:
-        refusal = _refusal(at)
+        refusal = _refusal(spec, at, queue)
         attempts.append(refusal)
         at += refusal.duration
         backoffs.append(Backoff(int(at * 1e9), BACKOFF, "429"))
         at += BACKOFF
+        queue = 0.0
     attempts.append(_attempt(spec, at, queue))
     end = at + attempts[-1].duration
     return Call("chat", int(start * 1e9), end - start, attempts, backoffs)
@@ -169,6 +181,14 @@ def _on(indexes: Iterable[int], change: Callable[[Spec], None]) -> Callable[[Wor
 
 def _every(change: Callable[[Spec], None]) -> Callable[[Workload], None]:
     return _on(range(CALLS), change)
+
+
+def _both(*causes: Callable[[Workload], None]) -> Callable[[Workload], None]:
+    def cause(workload: Workload) -> None:
+        for each in causes:
+            each(workload)
+
+    return cause
 
 
 def _pooled(workload: Workload) -> None:
@@ -242,7 +262,7 @@ CAUSES: dict[str, Callable[[Workload], None]] = {
     "slow-connect": _every(_slow_connect),
     "event-loop-lag": _every(_more(lag=0.8)),
     "short-of-cpu": _every(_more(cpu=0.8)),
-    "network-overhead": _every(_more(overhead=0.6)),
+    "network-overhead": _both(_every(_more(overhead=0.6)), _on((0, 1, 2), _more(overhead=0.6))),
     "provider-queue": _on((0, 1, 2), _more(first=3.0)),
     "slow-generation": _on((2, 3, 4, 5), _set(tpot=0.05)),
     "long-prompt": _long_prompt,

@@ -9,7 +9,7 @@ from itertools import combinations
 import pytest
 
 from llm_latency import diagnose
-from llm_latency.diagnosis import Attempt, Evidence, Finding, claims
+from llm_latency.diagnosis import Attempt, Call, Evidence, Finding, claims
 from llm_latency.diagnosis.claims import layout, over_claimed
 from llm_latency.diagnosis.records import Phase
 from llm_latency.diagnosis.rules import RULES
@@ -64,6 +64,28 @@ def test_every_cause_that_can_be_at_once_claims_its_own_seconds() -> None:
     assert not any(pair <= set(causes) for pair in NEVER_TOGETHER)
     findings = diagnose(workload(causes))
     assert len([f for f in findings if f.claims]) >= 5, [f.rule for f in findings]
+    assert over_claimed(findings) == []
+
+
+def test_a_larger_pool_saves_no_more_than_the_queue_s_own_time() -> None:
+    """Six requests at once on a pool of three, 0.2 s each: the second three waited 0.2 s, of
+    which the loop's stall held 0.12 s (the stalled loop handed the connections on late).
+    pool-queue's replay removes the whole wait; its claim stops at the 80 ms that were the
+    pool's, event-loop-lag's at the stall."""
+    attempts = []
+    for wave in range(2):
+        for _ in range(3):
+            queue = 0.2 * wave
+            phases = [Phase("send", queue, 0.001), Phase("wait", queue + 0.001, 0.199)]
+            if queue:
+                phases.insert(0, Phase("queue", 0.0, queue, 0.12))
+            attempts.append(Attempt(0, queue + 0.2, tuple(phases), host="h", method="POST",
+                                    status=200, client="aiohttp",
+                                    event_loop_lag=0.12 if queue else 0.0))  # fmt: skip
+    findings = diagnose([Call("c", 0, 0.4, attempts)])
+    assert {"pool-queue", "event-loop-lag"} <= {f.rule for f in findings}
+    (pool,) = [f for f in findings if f.rule == "pool-queue"]
+    assert [c.seconds for c in pool.claims] == pytest.approx([0.08] * 3)
     assert over_claimed(findings) == []
 
 
