@@ -6,8 +6,9 @@ CPU 0 runs at real-time priority (``SCHED_FIFO``): the loop's thread is runnable
 CPU, as on a node whose noisy neighbours take the cores. The answers wait in the socket
 buffers meanwhile. The kernel counts that wait (``/proc/thread-self/schedstat``): the product
 leaves it out of ``llm_latency.event_loop.lag`` and out of ``llm_latency.network_overhead``,
-reports it as ``llm_latency.event_loop.descheduled``, and ``diagnose()`` blames neither the
-program's loop nor the network.
+reports it as ``llm_latency.event_loop.descheduled`` (on the request span, and each phase's
+share on its span: here the wait's, whose end, the answer's first byte, the starved loop read
+late), and ``diagnose()`` blames neither the program's loop nor the network.
 
 The starvation is measured as it happened, not assumed from a schedule: on a loaded machine
 the server (on a CPU where every other runnable task crowds while CPU 0 is taken) can answer
@@ -32,8 +33,10 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
 
 import llm_latency
+from llm_latency.diagnosis.claims import over_claimed
 from tests.checks import TRIES
 from tests.command_line import Mock, mock_server
 from tests.conftest import Telemetry
@@ -171,6 +174,18 @@ def starved_run(mock: Mock) -> Starvation:
     return Starvation(began, answered if answered >= 0 else None, ended, waited / 1e9)
 
 
+def phase_shares(telemetry: Telemetry, attempt: ReadableSpan) -> dict[str, float]:
+    """The machine's share of each phase of ``attempt`` that carries one (s, by phase name):
+    the attribute is written only above 0."""
+    shares = {}
+    for name, span in telemetry.phases(attempt).items():
+        share = (span.attributes or {}).get(DESCHEDULED)
+        if share is not None:
+            assert isinstance(share, float) and share > 0, (name, share)
+            shares[name] = share
+    return shares
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the run-queue wait is Linux's")
 def test_a_loop_without_a_cpu_is_the_machines_wait_not_the_programs_lag(
     telemetry: Telemetry,
@@ -201,7 +216,16 @@ def test_a_loop_without_a_cpu_is_the_machines_wait_not_the_programs_lag(
         overhead = attributes.get(OVERHEAD)
         assert isinstance(overhead, float), attributes
         assert 0 <= overhead < starvation.held / 4, f"{starvation}; {attributes}"
-    rules = [finding.rule for finding in llm_latency.diagnose(telemetry.spans())]
+        # Each phase span carries its share, together no more than the attempt's. The
+        # starvation held the answers while the attempts waited for them: at least half of it
+        # is the wait's, whose end (the first byte) it delayed.
+        shares = phase_shares(telemetry, attempt)
+        assert sum(shares.values()) <= descheduled + 1e-9, f"{shares}; {attributes}"
+        assert sum(shares.values()) >= starvation.held / 2, f"{starvation}; {shares}"
+        assert shares.get("wait", 0.0) >= starvation.held / 2, f"{starvation}; {shares}"
+    findings = llm_latency.diagnose(telemetry.spans())
+    rules = [finding.rule for finding in findings]
     assert "event-loop-lag" not in rules
     assert "network-overhead" not in rules
     assert "short-of-cpu" in rules  # the machine's, said as such
+    assert over_claimed(findings) == []  # and no other finding counts its seconds

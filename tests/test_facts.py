@@ -174,6 +174,35 @@ def test_the_machines_wait_outside_the_window_stays_in_the_overhead() -> None:
     assert facts.network_overhead is not None and abs(facts.network_overhead - 0.07) < 1e-9
 
 
+def test_each_phases_share_of_the_machines_wait_is_what_the_overhead_left_out() -> None:
+    """The loop's thread waited for a CPU 50 ms at the end of the send and 40 ms at the end of
+    the wait, and 30 ms in the receive; the loop was busy 10 ms with the program in the wait.
+    The server's 250 ms leave 70 ms of the 320 ms window: 10 ms are the lag, so 60 ms can be
+    the machine's. The wait keeps its 40 ms (the server's time ends in it), the send the 20 ms
+    left: the phases' shares are what the overhead left out, and the receive keeps its own."""
+    waited = lags(send=0.05, wait=0.04, receive=0.03).phases
+    lag = LoopLag(lags(wait=0.01).phases, descheduled=0.12, waited=waited)
+    facts = read_facts(attempt(), lag, WANTED)
+    assert facts.phase_waits is not None and facts.phase_lags is not None
+    assert facts.phase_waits[WAIT] == 0.04 and facts.phase_waits[SEND] == 0.02
+    assert facts.phase_waits[RECEIVE] == 0.03
+    assert facts.network_overhead is not None and abs(facts.network_overhead) < 1e-9
+    left_out = sum(facts.phase_lags[p] + facts.phase_waits[p] for p in (SEND, WAIT))
+    assert abs(left_out - (0.32 - 0.25)) < 1e-9
+    assert facts.descheduled == 0.12  # the attempt's whole wait, as measured
+    # A wait for a CPU longer than the window leaves: the wait's share is cut to what is left.
+    lag = LoopLag(lags(wait=0.03).phases, descheduled=0.2, waited=lags(send=0.01, wait=0.19).phases)
+    facts = read_facts(attempt(), lag, WANTED)
+    assert facts.phase_waits is not None
+    assert facts.phase_waits[WAIT] == 0.04 and facts.phase_waits[SEND] == 0.0
+    # Without the server's time nothing is clipped; without a wait for a CPU there is none.
+    lag = LoopLag(lags().phases, descheduled=0.12, waited=waited)
+    facts = read_facts(attempt(processing_ms=None), lag, WANTED)
+    assert facts.phase_waits == list(waited)
+    assert read_facts(attempt(), lags(wait=0.01), WANTED).phase_waits is None
+    assert read_facts(attempt(), None, WANTED).phase_waits is None
+
+
 def test_computed_seconds_are_whole_nanoseconds() -> None:
     """Sums and differences of seconds read from ns clocks come out as the decimal of whole ns,
     with no float noise in their text (0.016716636, never 0.016716636000000007)."""

@@ -111,6 +111,9 @@ class AttemptFacts:
     #: How long the event loop's thread waited for a CPU while the attempt was in flight (s):
     #: the machine's share of the loop's lateness, in no phase's lag.
     descheduled: float = 0.0
+    #: The part of that wait that delayed each phase's end (s, indexed like ``PHASE_NAMES``;
+    #: the send's and the wait's clipped as the overhead leaves them out), None when none did.
+    phase_waits: list[float] | None = None
     #: Request start to the first event with generated content (s), streamed answers.
     time_to_first_token: float | None = None
     #: (stream end - first token) / (output tokens - 1), streamed answers with usage whose
@@ -175,12 +178,14 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
     phase_lags: list[float] | None = None
     window_lag = 0.0  # the lag in the send-to-first-byte window: the one the overhead excludes
     window_waited = 0.0  # the machine's share of the loop's delay in that window
+    phase_waits: list[float] | None = None
     if lag is not None:
         phase_lags = list(lag.phases)
         send_lag, wait_lag = phase_lags[SEND], phase_lags[WAIT]
         window_lag = send_lag + wait_lag
         if lag.waited:
-            window_waited = lag.waited[SEND] + lag.waited[WAIT]
+            phase_waits = list(lag.waited)
+            window_waited = phase_waits[SEND] + phase_waits[WAIT]
         if processing is not None and window is not None and (window_lag or window_waited):
             # The response cannot have come before the server's processing was done: the loop
             # delayed it by no more than what the processing time leaves of the window (the
@@ -192,6 +197,9 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
             window_waited = min(window_waited, left - window_lag)
             phase_lags[WAIT] = to_ns(min(wait_lag, window_lag))
             phase_lags[SEND] = to_ns(window_lag - phase_lags[WAIT])
+            if phase_waits is not None:  # the same split, so the phases add up to what it left
+                phase_waits[WAIT] = to_ns(min(phase_waits[WAIT], window_waited))
+                phase_waits[SEND] = to_ns(window_waited - phase_waits[WAIT])
         # Each phase's lag is whole ns over 1e9 (or rounded above); only a sum needs rounding.
         lag_total = to_ns(sum(phase_lags)) if any(phase_lags) else 0.0
     overhead = None
@@ -248,6 +256,7 @@ def read_facts(timeline: Timeline, lag: LoopLag | None, wanted: frozenset[str]) 
         server_time_per_output_token_max=tpot_max,
         usage_unknown=unknown,
         descheduled=lag.descheduled if lag is not None else 0.0,
+        phase_waits=phase_waits,
         event_loop_lag_exemplar=lag is None or lag.exemplar,
         request_id=request_id,
         queue_time=timeline.duration_of(QUEUE),

@@ -42,10 +42,11 @@ What it can say, and what it cannot:
   CPU limit) was not busy with the program's code: each late tick reads how long the loop's
   thread waited on the kernel's run queue since the tick was scheduled
   (:mod:`llm_latency.cpu_wait`), and that share of the stretch is the machine's. It is in no
-  phase's lag; each phase keeps its own machine's share apart (``Delays.waited``: the
-  network overhead leaves out the send's and the wait's), and the attempt counts the whole of
-  it as ``descheduled``. A process stopped by a signal is not waiting for a CPU: that stays
-  the program's lag.
+  phase's lag; each phase keeps its own machine's share apart (``Delays.waited``, on its phase
+  span: the network overhead leaves out the send's and the wait's; the receive phase's covers
+  its stream's arrival windows too, as its lag does), and the attempt counts the whole of it
+  as ``descheduled``. A process stopped by a signal is not waiting for a CPU: that stays the
+  program's lag.
 - Sync clients (requests, sync httpx) in threads have no loop to watch: a thread that waits for
   the GIL held by other threads is delayed the same way, and that is not measured.
 """
@@ -89,10 +90,11 @@ class Delays(NamedTuple):
     """How long (ns) a busy loop delayed an attempt: per phase, and per arrival window; and how
     long its thread waited for a CPU meanwhile (the machine's share, in no phase's delay): in
     all, and the part of it that delayed each phase's end (``waited``, indexed like
-    ``phases``; empty when none did). ``exemplar``: whether this attempt is the first charged
-    in the late stretch it ended in or after, the one whose lag record carries the trace
-    exemplar (a histogram keeps one exemplar per bucket and export: at saturation every
-    attempt lags, and one offer per stretch is enough)."""
+    ``phases``, the receive phase's with its arrival windows'; empty when none did).
+    ``exemplar``: whether this attempt is the first charged in the late stretch it ended in
+    or after, the one whose lag record carries the trace exemplar (a histogram keeps one
+    exemplar per bucket and export: at saturation every attempt lags, and one offer per
+    stretch is enough)."""
 
     phases: list[int]
     arrivals: list[int]
@@ -168,9 +170,11 @@ class LoopLagMonitor:
 
         The share of a late stretch that the loop's thread spent waiting for a CPU
         (:mod:`llm_latency.cpu_wait`) is the machine's: it is in no phase's delay; each
-        phase's is kept apart (``waited``), and the machine's shares of the charged stretches
-        add up to ``descheduled``. None when the loop was never late: nothing was delayed (the
-        usual case, kept cheap: no window is read)."""
+        phase's is kept apart (``waited``; the receive phase's is the machine's share of the
+        union of its own charge and its arrival windows', :func:`_machines_share`), and the
+        machine's shares of the charged stretches add up to ``descheduled``. None when the
+        loop was never late: nothing was delayed (the usual case, kept cheap: no window is
+        read)."""
         self._in_flight -= 1
         now = clock_ns()
         late = self._ticking and now - self._due_ns > LATE_NS
@@ -208,9 +212,18 @@ class LoopLagMonitor:
                 charged = [
                     (end - delay, end) for (_, end), delay in zip(arrivals, arrived, strict=True)
                 ]
-                charged.append((receive[1] - delays[RECEIVE], receive[1]))
+                own = (delays[RECEIVE], 0 if waits is None else waits[RECEIVE])
+                charged.append((receive[1] - own[0], receive[1]))
                 delays[RECEIVE] = _covered(charged, receive)
-                machine += sum(waited for _, waited in charges)
+                if own[1] or any(waited for _, waited in charges):
+                    if waits is None:
+                        waits = [0] * phases
+                    waits[RECEIVE] = _machines_share(
+                        [*arrivals, receive], [*charges, own], receive, delays[RECEIVE]
+                    )
+                    # The receive's share replaces its own charge's in the whole: a stretch
+                    # charged to the phase's end and to the stream's last gap counts once.
+                    machine += waits[RECEIVE] - own[1]
         except RuntimeError:  # ended from another thread while the loop recorded one
             pass  # what was charged before stays, the rest is 0
         lag = sum(delays)
@@ -358,6 +371,33 @@ class LoopLagMonitor:
             self._handle = None
             self.busy.clear()
             self.delayed_ends.clear()
+
+
+def _machines_share(
+    windows: Sequence[tuple[int, int]],
+    charges: Sequence[tuple[int, int]],
+    within: tuple[int, int],
+    lag: int,
+) -> int:
+    """The machine's share (ns) of the receive phase ``within``. ``charges`` holds the
+    ``(program, machine)`` delay of each of ``windows`` (the stream's arrival windows, then
+    the phase itself); ``lag`` is the union of their program's shares, each laid at the end of
+    its window.
+
+    The shares cannot be added up: a stall at the phase's end is charged to the stream's last
+    gap as well when both end after it (two charges of one stretch). So each charge is laid
+    whole at the end of its window, the program's share and the machine's together, and the
+    machine's share is what the union of those covers beyond the lag (never below 0: each
+    charge laid whole holds its program's share). Being a union, it counts an instant once:
+    with the lag it is at most the phase's length. It is at most the machine's shares added
+    up (an instant outside the lag lies in some charge outside that charge's program share),
+    and exactly that when no two charges overlap. Where one charge's program share lies over
+    another's machine share, the time counts as lag."""
+    whole = [
+        (end - program - waited, end)
+        for (_, end), (program, waited) in zip(windows, charges, strict=True)
+    ]
+    return _covered(whole, within) - lag
 
 
 def _covered(intervals: Iterable[tuple[int, int]], within: tuple[int, int]) -> int:

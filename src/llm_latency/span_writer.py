@@ -57,7 +57,16 @@ class SpanWriter:
         timeline, span, facts = record.timeline, record.span, record.facts
         self.phases.set_attributes(span, attributes)
         error = timeline.error
-        self._phases(timeline, windows, span, record.context, record.host, error, facts.phase_lags)
+        self._phases(
+            timeline,
+            windows,
+            span,
+            record.context,
+            record.host,
+            error,
+            facts.phase_lags,
+            facts.phase_waits,
+        )
         if error is not None:
             if timeline.failed_phase is None or not self.phase_spans:
                 record_exception(span, error)
@@ -84,8 +93,10 @@ class SpanWriter:
         host: str,
         error: BaseException | None,
         lags: list[float] | None,
+        waits: list[float] | None,
     ) -> None:
-        # One pass, inlined: this loop runs per phase of every attempt.
+        # One pass, inlined: this loop runs per phase of every attempt. ``waits`` is None
+        # unless the loop's thread waited for a CPU: one check per phase on the usual path.
         record = self._metrics.phase
         recorded = self._metrics.phases_recorded
         writer = self.phases
@@ -102,6 +113,8 @@ class SpanWriter:
             if lags is not None and lags[phase] > 0:
                 # On the span only: the metric keeps the shared, low-cardinality attributes.
                 attributes = {**attributes, semconv.EVENT_LOOP_LAG: lags[phase]}
+            if waits is not None and waits[phase] > 0:
+                attributes = {**attributes, semconv.EVENT_LOOP_DESCHEDULED: waits[phase]}
             if fast_parent is not None and phase != failed:
                 writer.write(phase, attributes, fast_parent, start + to_epoch, end + to_epoch)
                 continue
