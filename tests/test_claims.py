@@ -98,6 +98,17 @@ def test_every_rule_with_a_saving_has_a_cause() -> None:
     assert set(CAUSES) - {"us-or-them"} <= named
 
 
+@pytest.mark.parametrize("cause", list(CAUSES))
+def test_the_parts_of_an_attempt_add_up_to_its_time(cause: str) -> None:
+    """The layout is a partition: for the attempts each cause makes (and their backoffs), the
+    parts add up to the attempt's time, none below zero."""
+    for call in workload([cause]):
+        for of in [*call.attempts, *call.backoffs]:
+            parts = layout(of)
+            assert min(parts.values()) >= 0, parts
+            assert sum(parts.values()) == pytest.approx(of.duration), parts
+
+
 def test_a_claim_beyond_its_part_is_found() -> None:
     """The check can fail: two findings that claim most of one 400 ms queue each."""
     queued = Attempt(0, 0.5, (Phase("queue", 0.0, 0.4), Phase("wait", 0.4, 0.1)), status=200)
