@@ -106,8 +106,9 @@ def _fixed_costs(
 def _merge_saves(attempt: Attempt, cost: float, model: FirstTokenModel | None) -> float:
     """What merging saves of ``attempt``'s fixed ``cost`` (s): not this side's queue, set-up
     and loop hold, nor the network's overhead, nor the provider's queue (reported, or beyond
-    the endpoint's usual first token for a streamed answer): their own findings' seconds,
-    which a merged request would pay or not all the same."""
+    the endpoint's usual first token for a streamed answer). Those are their own findings'
+    seconds: their fixes remove them without merging, and a merged request waits in the
+    provider's queue too."""
     saves = cost - this_side(attempt) - (attempt.server_queue or 0.0)
     if attempt.time_to_first_token is not None and model is not None:
         saves = min(saves, max(model.base, 0.0))

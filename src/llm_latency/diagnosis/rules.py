@@ -174,7 +174,8 @@ def not_streamed(calls: Sequence[Call]) -> Finding | None:
         first = percentile([a.time_to_first_chunk or 0.0 for a in streamed], 50)
         ahead = _shown_sooner(attempts, streamed, _attempts(calls))
         shown = [seconds for _, seconds in ahead]
-        saving = Saving(percentile(shown, 50), percentile(shown, 95), len(attempts))
+        if any(shown):
+            saving = Saving(percentile(shown, 50), percentile(shown, 95), len(attempts))
         how = f"streamed requests here had their first chunk after {duration(first)} at p50"
     return Finding(
         rule="not-streamed",
@@ -190,15 +191,15 @@ def not_streamed(calls: Sequence[Call]) -> Finding | None:
 def _shown_sooner(
     whole: Sequence[Attempt], streamed: Sequence[Attempt], every: Sequence[Attempt]
 ) -> list[tuple[Attempt, float]]:
-    """How much sooner each answer read ``whole`` would show its first tokens streamed (s):
-    the provider's part of it (:data:`~llm_latency.diagnosis.claims.ANSWER`: this side's
-    queue, set-up and loop hold and the network's overhead are there streamed too) after the
-    streamed answers' first chunk (the same left out of it, at p50), or after what the
-    provider said it spent before the first token (its queue and prefill) when that is more.
-    No more than the answer's decode where it is known (the server's decode time, else its
-    tokens at the endpoint's usual pace, of ``every`` answer): a short answer's time is its
-    request's, and small-prompts-one-by-one's; less the time beyond the usual pace that
-    slow-generation claims."""
+    """How much sooner each answer read ``whole`` would show its first tokens if streamed (s).
+
+    Its provider's part (:data:`~llm_latency.diagnosis.claims.ANSWER`: this side's time and
+    the network overhead come first, streamed or not) after the ``streamed`` answers' first
+    chunk at p50 (the same left out), or after the provider's own queue and prefill when it
+    says them and they are more; at most the answer's decode when known (the server's decode
+    time, else its tokens at the endpoint's usual pace among ``every`` answer): the rest of a
+    short answer's time is its request's fixed cost. Less the time beyond the usual pace,
+    which ``slow-generation`` claims."""
     first = percentile(
         [max((a.time_to_first_chunk or 0.0) - this_side(a) - (a.network_overhead or 0.0), 0.0)
          for a in streamed],

@@ -244,7 +244,8 @@ def provider_queue(calls: Sequence[Call]) -> Finding | None:
         return None
     firsts = [f for a, *_ in queued if (f := first_token(a)) is not None]
     against = (
-        f"the provider reported {duration(p50(excess))} of queue time at p50"
+        f"the provider reported {duration(p50([a.server_queue or 0.0 for a, *_ in queued]))} "
+        "of queue time at p50"
         if reported == len(queued)
         else f"against {duration(p50([u for *_, u in queued]))} usual for prompts of that size "
         f"on the same endpoint (the {BASELINE_PERCENTILE}th percentile of its calls, after "

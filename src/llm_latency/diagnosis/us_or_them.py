@@ -146,7 +146,7 @@ def _compare(
                 saving = Saving(percentile(kept, 50), percentile(kept, 95), len(attempts))
             else:
                 taking = ()
-            if percentile(kept, 50) < mine_path - probe_path:
+            if any((id(a), part) in taken for a in attempts for part in _PROGRAM_PARTS):
                 fix += (
                     "; the findings on its pool, connections and loop count the seconds they "
                     "name, and their fixes save them"
