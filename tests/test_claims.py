@@ -55,6 +55,18 @@ def test_two_findings_never_claim_the_same_seconds(first: str, second: str) -> N
         assert over_claimed(findings) == [], causes
 
 
+def test_three_causes_at_once_never_claim_the_same_seconds() -> None:
+    """Every three causes laid on the same calls: whichever findings stand out, no second is
+    claimed twice (a part shared by three rules, such as the provider's first token, is
+    where two of them could fit beside each other and the third not)."""
+    over = {}
+    for causes in combinations(CAUSES, 3):
+        said = over_claimed(diagnose(workload(causes)))
+        if said:
+            over[causes] = said
+    assert over == {}
+
+
 def test_every_cause_that_can_be_at_once_claims_its_own_seconds() -> None:
     """Every cause laid on the same calls but those that exclude another (one of each pair of
     :data:`NEVER_TOGETHER`): the findings that stand out of so much slowness still claim no

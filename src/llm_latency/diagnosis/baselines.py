@@ -80,13 +80,15 @@ def uncached(attempt: Attempt) -> int | None:
 
 
 def first_token(attempt: Attempt) -> float | None:
-    """The time to first token less what this side added before the provider could answer: the
-    wait for a pooled connection, the connection's set-up, and the loop's hold (the program's
-    own stall, the machine's wait for a CPU) while sending and waiting (s); None when not
-    streamed."""
+    """The provider's time to the first token (s): the time to first token less what this side
+    added before the provider could answer (the wait for a pooled connection, the connection's
+    set-up, and the loop's hold while sending and waiting: :func:`this_side`) and the network's
+    overhead; None when not streamed."""
     if attempt.time_to_first_token is None:
         return None
-    return max(attempt.time_to_first_token - this_side(attempt), 0.0)
+    return max(
+        attempt.time_to_first_token - this_side(attempt) - (attempt.network_overhead or 0.0), 0.0
+    )
 
 
 def this_side(attempt: Attempt) -> float:

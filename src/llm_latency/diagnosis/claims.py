@@ -104,7 +104,7 @@ def layout(of: Attempt | Backoff) -> dict[str, float]:
     if first is None:
         sizes[ANSWER] = rest
     else:
-        sizes[FIRST] = min(max(first - sizes[OVERHEAD], 0.0), rest)
+        sizes[FIRST] = min(first, rest)
         sizes[DECODE] = rest - sizes[FIRST]
     return sizes
 

@@ -109,10 +109,11 @@ def _merge_saves(attempt: Attempt, cost: float, model: FirstTokenModel | None) -
     the endpoint's usual first token for a streamed answer). Those are their own findings'
     seconds: their fixes remove them without merging, and a merged request waits in the
     provider's queue too."""
-    saves = cost - this_side(attempt) - (attempt.server_queue or 0.0)
+    saves = cost - this_side(attempt) - (attempt.network_overhead or 0.0)
+    saves -= attempt.server_queue or 0.0
     if attempt.time_to_first_token is not None and model is not None:
-        saves = min(saves, max(model.base, 0.0))
-    return max(saves - (attempt.network_overhead or 0.0), 0.0)
+        saves = min(saves, max(model.base, 0.0))  # the usual provider's part, overhead out
+    return max(saves, 0.0)
 
 
 def _merged_away(runs: Sequence[Sequence[Attempt]], per_request: int) -> list[Attempt]:

@@ -236,13 +236,14 @@ def provider_queue(calls: Sequence[Call]) -> Finding | None:
             ):
                 continue
             if _normal_decode(a, usual_rate):  # else: slow-generation's, the whole answer slow
-                # the network's overhead in it is network-overhead's
                 queued.append((a, min(first - usual, claims.room(a, claims.FIRST)), usual))
                 hosts.add(named(key))
     excess = [e for _, e, _ in queued]
     if len(queued) < MIN_REQUESTS or sum(excess) < PROVIDER_QUEUE_MIN_SHARE * total(attempts):
         return None
-    firsts = [f for a, *_ in queued if (f := first_token(a)) is not None]
+    firsts = [  # after sending: the network's overhead back in
+        f + (a.network_overhead or 0.0) for a, *_ in queued if (f := first_token(a)) is not None
+    ]
     against = (
         f"the provider reported {duration(p50([a.server_queue or 0.0 for a, *_ in queued]))} "
         "of queue time at p50"
