@@ -38,8 +38,8 @@ PAIRS = [
 
 @pytest.mark.parametrize("cause", list(CAUSES))
 def test_each_cause_alone_gives_its_finding_and_its_claims(cause: str) -> None:
-    """The workloads are what they say: each cause alone gives its rule's finding, whose
-    saving counts the seconds it claims."""
+    """The workloads are what they say: each cause alone gives its rule's finding, with a
+    saving and the seconds it counts."""
     findings = diagnose(workload([cause]))
     (found,) = [f for f in findings if f.rule == cause]
     assert found.saving is not None and found.claims
@@ -48,6 +48,7 @@ def test_each_cause_alone_gives_its_finding_and_its_claims(cause: str) -> None:
 
 @pytest.mark.parametrize(("first", "second"), PAIRS)
 def test_two_findings_never_claim_the_same_seconds(first: str, second: str) -> None:
+    """Two causes on the same calls, in either order: both findings, no second claimed twice."""
     for causes in ([first, second], [second, first]):
         findings = diagnose(workload(causes))
         found = {f.rule for f in findings}
