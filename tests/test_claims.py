@@ -9,7 +9,7 @@ from itertools import combinations
 import pytest
 
 from llm_latency import diagnose
-from llm_latency.diagnosis import Attempt, Call, Evidence, Finding, claims
+from llm_latency.diagnosis import Attempt, Backoff, Call, Evidence, Finding, claims
 from llm_latency.diagnosis.claims import layout, over_claimed
 from llm_latency.diagnosis.records import Phase
 from llm_latency.diagnosis.rules import RULES
@@ -116,7 +116,8 @@ def test_the_parts_of_an_attempt_add_up_to_its_time(cause: str) -> None:
     """The layout is a partition: for the attempts each cause makes (and their backoffs), the
     parts add up to the attempt's time, none below zero."""
     for call in workload([cause]):
-        for of in [*call.attempts, *call.backoffs]:
+        subjects: list[Attempt | Backoff] = [*call.attempts, *call.backoffs]
+        for of in subjects:
             parts = layout(of)
             assert min(parts.values()) >= 0, parts
             assert sum(parts.values()) == pytest.approx(of.duration), parts
