@@ -130,7 +130,8 @@ EVENT_FIRST_CHUNK: Final = "llm_latency.first_chunk"
 EVENT_FIRST_TOKEN: Final = "llm_latency.first_token"
 EVENT_LOOP_LAG: Final = "llm_latency.event_loop.lag"
 #: How long the event loop's thread waited for a CPU while the attempt was in flight (s): the
-#: machine's share of the loop's lateness, left out of ``EVENT_LOOP_LAG``.
+#: machine's share of the loop's lateness, left out of ``EVENT_LOOP_LAG``; on a phase span,
+#: that phase's share.
 EVENT_LOOP_DESCHEDULED: Final = "llm_latency.event_loop.descheduled"
 #: The client library that made the attempt: aiohttp, httpx, httpx2 or urllib3 (requests).
 CLIENT: Final = "llm_latency.client"
