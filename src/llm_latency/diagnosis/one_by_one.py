@@ -128,8 +128,7 @@ def small_prompts_one_by_one(calls: Sequence[Call]) -> Finding | None:
     attempts = answered(calls)
     runs: list[list[Attempt]] = []
     costs: list[float] = []
-    saved: list[float] = []
-    saves: dict[int, float] = {}
+    saves: dict[int, float] = {}  # per attempt (by id), in the order of ``costs``
     for group in by_endpoint(attempts).values():
         model = first_token_model(group)
         for run in _runs(group):
@@ -139,11 +138,10 @@ def small_prompts_one_by_one(calls: Sequence[Call]) -> Finding | None:
             if len(found) >= BATCH_MIN_REQUESTS and distinct and fixed:
                 runs.append(run)
                 costs += [cost for _, cost in found]
-                for a, cost in found:
-                    saves[id(a)] = _merge_saves(a, cost, model)
-                    saved.append(saves[id(a)])
+                saves.update((id(a), _merge_saves(a, cost, model)) for a, cost in found)
     if not runs:
         return None
+    saved = list(saves.values())
     every = [a for run in runs for a in run]
     outputs = [float(a.output_tokens or 0) for a in every]
     inputs = [float(a.input_tokens or 0) for a in every]
